@@ -1,0 +1,2 @@
+"""convgen: convolution specs rendered into specialised CUDA kernels."""
+__version__ = "0.1.0"

@@ -1,0 +1,285 @@
+"""NVRTC compilation through CuPy, with a hash-keyed cubin cache in memory and on disk.
+
+The key is sha256 over the source, the options, the NVRTC version and the architecture, so a
+cached binary can only be served for exactly the input that produced it.  Disk entries carry a
+sha256 of their payload and are written to a temporary file then renamed, so a half-written or
+altered entry is detected, rebuilt and replaced instead of loaded.  NVRTC needs no GPU: compiling
+to cubin works on any machine with the NVRTC library.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENTRY_MAGIC = b"CONVGEN-CUBIN-1\n"
+DEFAULT_ARCH = "sm_90"
+BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v", "-lineinfo")
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source; the message carries its log."""
+
+
+@dataclass(frozen=True)
+class FunctionResources:
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+
+@dataclass
+class CompiledKernel:
+    key: str
+    arch: str
+    cubin: bytes
+    log: str
+    source_hit: str = "miss"
+    compile_seconds: float = 0.0
+    resources: dict[str, FunctionResources] = field(default_factory=dict)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [line for line in self.log.splitlines() if "warning" in line.lower()]
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cupy_backends.cuda.libs import nvrtc
+
+    return tuple(nvrtc.getVersion())
+
+
+def device_arch() -> str | None:
+    """``sm_XY`` of the current device, or None when there is no usable GPU."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        return f"sm_{cupy.cuda.Device().compute_capability}"
+    except Exception:  # no driver, no device: compile-only machine
+        return None
+
+
+def resolve_arch(arch: str | None) -> str:
+    """The requested architecture, else the device's, else sm_90 (the GPU this project targets)."""
+    if arch is None:
+        return device_arch() or DEFAULT_ARCH
+    if not re.fullmatch(r"sm_\d{2,3}[a-z]?", arch):
+        from codegen.spec import SpecError
+
+        raise SpecError("arch", arch, "must look like sm_90 (sm_ followed by the compute capability)")
+    return arch
+
+
+def options_for(arch: str) -> tuple[str, ...]:
+    return (f"-arch={arch}", *BASE_OPTIONS)
+
+
+def cache_key(source: str, options: tuple[str, ...], version: tuple[int, int], arch: str) -> str:
+    digest = hashlib.sha256()
+    for part in (source, "\0".join(options), f"{version[0]}.{version[1]}", arch):
+        digest.update(part.encode())
+        digest.update(b"\x00\xff")
+    return digest.hexdigest()
+
+
+_RESOURCE_RE = re.compile(
+    r"Function properties for (?P<name>\S+)\s*\n.*?(?P<stack>\d+) bytes stack frame, (?P<ss>\d+) bytes spill stores, "
+    r"(?P<sl>\d+) bytes spill loads\s*\n.*?Used (?P<regs>\d+) registers(?:, used \d+ barriers)?(?:, (?P<smem>\d+) bytes smem)?",
+    re.S,
+)
+
+
+def parse_resources(log: str) -> dict[str, FunctionResources]:
+    """Registers, shared memory, stack and spills per function from ptxas' verbose report."""
+    found = {}
+    for match in _RESOURCE_RE.finditer(log):
+        found[match["name"]] = FunctionResources(
+            registers=int(match["regs"]),
+            shared_bytes=int(match["smem"] or 0),
+            stack_bytes=int(match["stack"]),
+            spill_stores=int(match["ss"]),
+            spill_loads=int(match["sl"]),
+        )
+    return found
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("CONVGEN_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "convgen"
+
+
+class KernelCache:
+    """A dict in memory plus entries on disk; degrades to memory alone when the disk fails."""
+
+    def __init__(self, directory: Path | None = None):
+        self._directory = directory
+        self._memory: dict[str, CompiledKernel] = {}
+        self._lock = threading.Lock()
+        self._disk_ok = True
+        self._warned = False
+
+    @property
+    def directory(self) -> Path:
+        return self._directory if self._directory is not None else default_cache_dir()
+
+    def _entry_path(self, key: str) -> Path:
+        return self.directory / f"{key}.cubin"
+
+    def _disable_disk(self, reason: str) -> None:
+        self._disk_ok = False
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"convgen: kernel cache directory {self.directory} is unusable ({reason}); "
+                          "caching in memory only", RuntimeWarning, stacklevel=3)
+
+    def get_memory(self, key: str) -> CompiledKernel | None:
+        with self._lock:
+            return self._memory.get(key)
+
+    def put_memory(self, kernel: CompiledKernel) -> None:
+        with self._lock:
+            self._memory[kernel.key] = kernel
+
+    def read_disk(self, key: str) -> CompiledKernel | None:
+        """The entry for ``key`` if present and intact; a damaged entry counts as absent."""
+        if not self._disk_ok:
+            return None
+        path = self._entry_path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None
+        header = len(ENTRY_MAGIC) + 32
+        if not blob.startswith(ENTRY_MAGIC) or len(blob) < header:
+            return None
+        digest, payload = blob[len(ENTRY_MAGIC):header], blob[header:]
+        if hashlib.sha256(payload).digest() != digest:
+            return None
+        meta_len = int.from_bytes(payload[:8], "little")
+        try:
+            meta = json.loads(payload[8:8 + meta_len])
+        except ValueError:
+            return None
+        if meta.get("key") != key:
+            return None
+        kernel = CompiledKernel(key=key, arch=meta["arch"], cubin=payload[8 + meta_len:], log=meta["log"],
+                                source_hit="disk")
+        kernel.resources = parse_resources(kernel.log)
+        return kernel
+
+    def write_disk(self, kernel: CompiledKernel) -> None:
+        if not self._disk_ok:
+            return
+        meta = json.dumps({"key": kernel.key, "arch": kernel.arch, "log": kernel.log}).encode()
+        payload = len(meta).to_bytes(8, "little") + meta + kernel.cubin
+        blob = ENTRY_MAGIC + hashlib.sha256(payload).digest() + payload
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    out.write(blob)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, self._entry_path(kernel.key))
+            except BaseException:
+                with _suppress_os_error():
+                    os.unlink(temp)
+                raise
+        except OSError as err:
+            self._disable_disk(err.strerror or str(err))
+
+    def info(self) -> dict:
+        entries = sorted(self.directory.glob("*.cubin")) if self.directory.is_dir() else []
+        return {
+            "directory": str(self.directory),
+            "entries": len(entries),
+            "bytes": sum(p.stat().st_size for p in entries),
+            "in_memory": len(self._memory),
+        }
+
+    def clear(self) -> int:
+        removed = 0
+        with self._lock:
+            self._memory.clear()
+        if self.directory.is_dir():
+            for path in list(self.directory.glob("*.cubin")) + list(self.directory.glob(".tmp-*")):
+                with _suppress_os_error():
+                    path.unlink()
+                    removed += 1
+        return removed
+
+
+class _suppress_os_error:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, trace):
+        return kind is not None and issubclass(kind, OSError)
+
+
+_CACHE: KernelCache | None = None
+
+
+def default_cache() -> KernelCache:
+    """The process-wide cache; its directory follows CONVGEN_CACHE_DIR at first use."""
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = KernelCache()
+    return _CACHE
+
+
+def nvrtc_compile(source: str, name: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(source, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, list(options))
+        except nvrtc.NVRTCError as err:
+            log = nvrtc.getProgramLog(program).rstrip("\x00")
+            raise CompileError(f"NVRTC failed on {name} ({err}):\n{log}") from None
+        log = nvrtc.getProgramLog(program).rstrip("\x00")
+        return nvrtc.getCUBIN(program), log
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def compile_source(source: str, name: str = "convgen.cu", arch: str | None = None,
+                   cache: KernelCache | None = None) -> CompiledKernel:
+    """Compile ``source`` to a cubin for ``arch``, serving memory then disk hits."""
+    cache = cache or default_cache()
+    arch = resolve_arch(arch)
+    options = options_for(arch)
+    key = cache_key(source, options, nvrtc_version(), arch)
+    hit = cache.get_memory(key)
+    if hit is not None:
+        return dataclasses.replace(hit, source_hit="memory", compile_seconds=0.0)
+    hit = cache.read_disk(key)
+    if hit is not None:
+        cache.put_memory(hit)
+        return hit
+    start = time.perf_counter()
+    cubin, log = nvrtc_compile(source, name, options)
+    kernel = CompiledKernel(key=key, arch=arch, cubin=cubin, log=log, source_hit="miss",
+                            compile_seconds=time.perf_counter() - start, resources=parse_resources(log))
+    cache.put_memory(kernel)
+    cache.write_disk(kernel)
+    return kernel

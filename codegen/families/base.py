@@ -1,0 +1,102 @@
+"""What every kernel family provides, and the plan it hands to rendering, compiling and launching.
+
+A family turns (spec, tiles) into a ``KernelPlan``: which template variant to render, the buffers
+the kernels take (in launch-argument order), the launches with their geometry, and the template
+context.  Everything downstream (render, compile, launch, emit) reads only the plan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from codegen.index import IndexAlgebra
+from codegen.spec import ConvSpec
+from codegen.tiles import Tiles
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One kernel argument: a dense array of ``shape`` that the kernels read (``in``) or write (``out``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str
+    alignment: int = 4
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.grid) * math.prod(self.block)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    family: str
+    variant: str
+    spec: ConvSpec
+    tiles: Tiles
+    buffers: tuple[Buffer, ...]
+    launches: tuple[Launch, ...]
+    context: dict[str, Any] = field(compare=False)
+    zero_output: bool = False
+
+    @property
+    def inputs(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.role == "in")
+
+    @property
+    def output(self) -> Buffer:
+        (out,) = [b for b in self.buffers if b.role == "out"]
+        return out
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(l.kernel for l in self.launches))
+
+
+def grid_for(total: int, per_block: int) -> int:
+    return max(1, -(-total // per_block))
+
+
+class Family:
+    """Base of the family modules; subclasses set the class attributes and implement the hooks."""
+
+    name: ClassVar[str]
+    template: ClassVar[str]
+    tiles_type: ClassVar[type[Tiles]]
+    summary: ClassVar[str]
+
+    def default_tiles(self, spec: ConvSpec) -> Tiles:
+        raise NotImplementedError
+
+    def plan(self, spec: ConvSpec, tiles: Tiles) -> KernelPlan:
+        raise NotImplementedError
+
+    def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
+        """Float64 numpy oracle, written without the index algebra so that it checks it."""
+        raise NotImplementedError
+
+    def make_inputs(self, spec: ConvSpec, rng: np.random.Generator) -> list[np.ndarray]:
+        """Random (never zero) float32 inputs of the plan's input shapes, for tests and benchmarks."""
+        plan = self.plan(spec, self.default_tiles(spec))
+        return [rng.uniform(-1.0, 1.0, size=b.shape).astype(np.float32) for b in plan.inputs]
+
+    def output_shape(self, spec: ConvSpec) -> tuple[int, ...]:
+        return self.plan(spec, self.default_tiles(spec)).output.shape
+
+    def algebra(self, spec: ConvSpec) -> IndexAlgebra:
+        return IndexAlgebra(spec)

@@ -1,0 +1,169 @@
+"""im2col: image to column matrix, in three variants chosen from the spec.
+
+Column matrix: ``rows x cols`` row-major, ``cols = N*OD*OH*OW`` (n, od, oh, ow); rows are
+(c, kd, kh, kw) for channels-first layouts (the Composable Kernel example's ``[C*KH*KW, N*OH*OW]``)
+and (kd, kh, kw, c) for channels-last ones (DECX).  Padding taps read zeros.
+
+Variants:
+- ``channels_first``: a thread per (c, column), looping over the taps; writes coalesce along columns.
+- ``channels_last``: a 2D block (columns x channels); reads stay in the block's cache lines and
+  writes coalesce along columns.
+- ``vec<dpitch>`` / ``vec_generic`` (DECX, seed 000): channels-last data whose channel pitch is a
+  multiple of 4.  Each thread loads float4s covering the pitch (pitch 4..16 gets a kernel of its
+  own, larger pitches loop over 16-channel chunks), the block transposes through shared memory
+  padded by 4 floats against bank conflicts, and whole warps store rows with float4 stores.
+  Padding lanes (c >= C) are loaded but never stored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from codegen import index
+from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for
+from codegen.spec import ConvSpec, SpecError
+from codegen.tiles import TileParam, Tiles, check_block, check_shared
+
+VECTOR_CHUNK = 16
+SMEM_PAD = 4
+
+
+@dataclass(frozen=True)
+class Im2colTiles(Tiles):
+    threads: int = 256
+    vectorized: bool = True
+    pixels: int = 128
+
+    PARAMS: ClassVar = (
+        TileParam("threads", "threads per block", minimum=32, maximum=1024, multiple_of=32),
+        TileParam("vectorized", "use the DECX float4 kernel when the channel pitch is a multiple of 4",
+                  choices=(True, False)),
+        TileParam("pixels", "columns per block of the float4 kernel (DECX uses 128)",
+                  minimum=32, maximum=512, multiple_of=32),
+    )
+
+
+def vector_eligible(spec: ConvSpec) -> bool:
+    return spec.layout.channels_last and spec.pitch % 4 == 0
+
+
+def column_matrix_reference(spec: ConvSpec, x: np.ndarray) -> np.ndarray:
+    """im2col in float64 by slicing a zero-padded image, one strided slice per tap."""
+    x = np.asarray(x, dtype=np.float64)
+    if spec.layout.channels_last:
+        x = np.moveaxis(x[..., : spec.c], -1, 1)
+    pad = [(0, 0), (0, 0)] + [(p, p) for p in spec.padding]
+    xp = np.pad(x, pad)
+    out = index.output_size(spec)
+    taps = []
+    for tap in np.ndindex(*spec.filter_size):
+        window = tuple(
+            slice(k * d, k * d + (o - 1) * s + 1, s)
+            for k, d, o, s in zip(tap, spec.dilation, out, spec.stride)
+        )
+        taps.append(xp[(slice(None), slice(None)) + window])
+    stacked = np.stack(taps, axis=2)
+    stacked = stacked.reshape(spec.n, spec.c, len(taps), -1)
+    if spec.layout.channels_last:
+        matrix = stacked.transpose(2, 1, 0, 3)
+    else:
+        matrix = stacked.transpose(1, 2, 0, 3)
+    return matrix.reshape(spec.c * len(taps), -1)
+
+
+class Im2col(Family):
+    name = "im2col"
+    template = "im2col.cu.j2"
+    tiles_type = Im2colTiles
+    summary = "image -> column matrix (incl. the DECX dpitch float4 kernels)"
+
+    def default_tiles(self, spec: ConvSpec) -> Im2colTiles:
+        return Im2colTiles(vectorized=vector_eligible(spec))
+
+    def variant(self, spec: ConvSpec, tiles: Im2colTiles) -> str:
+        if spec.layout.channels_last and tiles.vectorized:
+            if not vector_eligible(spec):
+                raise SpecError(
+                    "tiles.vectorized", True,
+                    f"needs a channel pitch that is a multiple of 4 (this spec has pitch {spec.pitch}); "
+                    "set dpitch to a multiple of 4 or vectorized=False")
+            return f"vec{spec.pitch}" if spec.pitch <= VECTOR_CHUNK else "vec_generic"
+        return "channels_last" if spec.layout.channels_last else "channels_first"
+
+    def plan(self, spec: ConvSpec, tiles: Im2colTiles) -> KernelPlan:
+        alg = self.algebra(spec)
+        variant = self.variant(spec, tiles)
+        context: dict = {}
+        if variant.startswith("vec"):
+            rows_per_block = tiles.threads // tiles.pixels
+            if rows_per_block < 1:
+                raise SpecError("tiles.pixels", tiles.pixels, f"must not exceed tiles.threads ({tiles.threads})")
+            chunk = min(-(-spec.c // 4) * 4, VECTOR_CHUNK)
+            shared = rows_per_block * chunk * (tiles.pixels + SMEM_PAD) * 4
+            check_shared(shared, "tiles.threads", tiles.threads)
+            block = (tiles.pixels, rows_per_block, 1)
+            grid = (grid_for(alg.cols, tiles.pixels), grid_for(alg.taps, rows_per_block), 1)
+            chunks = []
+            for start in range(0, spec.c, chunk):
+                width = min(chunk, spec.c - start)
+                chunks.append({"start": start, "channels": width, "loads": -(-width // 4)})
+            context.update(rows_per_block=rows_per_block, chunk=chunk, chunks=chunks, smem_pad=SMEM_PAD,
+                           vector_store=alg.cols % 4 == 0, pixels=tiles.pixels)
+        elif variant == "channels_last":
+            channel_threads = min(8, 1 << (spec.c - 1).bit_length())
+            block = (max(1, tiles.threads // channel_threads), channel_threads, 1)
+            grid = (grid_for(alg.cols, block[0]), 1, 1)
+        else:
+            block = (tiles.threads, 1, 1)
+            grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
+        check_block(block[0] * block[1], "tiles.threads", tiles.threads)
+        launch = Launch(f"convgen_im2col_{variant}", grid, block)
+        padded_threads = launch.threads
+        context.update(self.index_context(alg, padded_threads))
+        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1],
+                       thread_coords=[index.to_c(e) for e in index.decompose(alg.t, (spec.c, alg.cols))])
+        buffers = (
+            Buffer("x", alg.image_shape, "in", 16 if variant.startswith("vec") else 4),
+            Buffer("col", alg.col_shape, "out", 16 if context.get("vector_store") else 4),
+        )
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context)
+
+    @staticmethod
+    def index_context(alg: index.IndexAlgebra, padded_threads: int) -> dict:
+        """The index maps, printed as C with the spec's constants folded in."""
+        spec = alg.spec
+        to_c = index.to_c
+        return {
+            "idx_t": alg.index_type(padded_threads),
+            "dims": spec.dims,
+            "C": spec.c,
+            "pitch": spec.pitch,
+            "rows": alg.rows,
+            "cols": alg.cols,
+            "taps": alg.taps,
+            "pixels_total": alg.pixels,
+            "image_elements": alg.image_elements,
+            "col_coords": [to_c(e) for e in alg.col_coords],
+            "tap_coords": [to_c(e) for e in alg.tap_coords],
+            "in_coord": [to_c(e) for e in alg.in_coord],
+            "in_bounds": index.bounds_check(alg),
+            "x_offset": to_c(alg.x_offset),
+            "pixel_offset": to_c(alg.pixel_linear * spec.pitch),
+            "row_of": to_c(alg.row_of),
+            "row_coords": [to_c(e) for e in alg.row_coords],
+            "pixel_coords": [to_c(e) for e in alg.pixel_coords],
+            "image_coords": [to_c(e) for e in alg.image_coords],
+            "window_numerator": [to_c(e) for e in alg.window_numerator],
+            "stride": list(spec.stride),
+            "out_size": list(alg.out_size),
+            "col_linear": to_c(alg.col_linear),
+        }
+
+    def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
+        (x,) = inputs
+        return column_matrix_reference(spec, x)
+
+
+FAMILY = Im2col()

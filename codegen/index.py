@@ -1,0 +1,302 @@
+"""Index algebra, derived once with sympy.
+
+Every index map a kernel uses is built here as a sympy expression over named integer symbols
+(``n``, ``c``, ``o0..``, ``k0..``, ``i0..``, ``col``, ``row`` ...), with the spec's constants folded
+in.  Templates receive the expressions printed as C; tests receive the same expressions lambdified
+to numpy.  Nothing downstream re-derives index arithmetic by hand.
+
+Spatial axes are numbered 0..dims-1, outermost first (D, H, W in 3D; H, W in 2D).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import sympy
+from sympy.printing.c import C99CodePrinter
+
+from codegen.spec import ConvSpec
+
+INT32_MAX = 2**31 - 1
+
+
+def _sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+class IndexPrinter(C99CodePrinter):
+    """Prints integer index expressions: floor(a/b) as C division, Mod as %, no float literals.
+
+    Valid because every expression printed here divides non-negative integers."""
+
+    def _print_floor(self, expr):
+        arg = expr.args[0]
+        num, den = sympy.fraction(sympy.together(arg))
+        if den == 1:
+            return self._print(num)
+        return f"(({self._print(num)}) / {self._print(den)})"
+
+    def _print_Mod(self, expr):
+        a, b = expr.args
+        return f"(({self._print(a)}) % {self._print(b)})"
+
+    def _print_Pow(self, expr):
+        base, exp = expr.args
+        if exp.is_Integer and exp > 0:
+            return "(" + " * ".join([self._print(base)] * int(exp)) + ")"
+        return super()._print_Pow(expr)
+
+
+_PRINTER = IndexPrinter()
+
+
+def to_c(expr: sympy.Expr) -> str:
+    return _PRINTER.doprint(sympy.sympify(expr))
+
+
+def decompose(linear: sympy.Expr, extents: tuple[int, ...]) -> list[sympy.Expr]:
+    """Coordinates of a row-major linear index over ``extents`` (outermost first)."""
+    coords = []
+    inner = 1
+    for position in range(len(extents) - 1, -1, -1):
+        quotient = sympy.floor(linear / inner) if inner > 1 else linear
+        coords.append(quotient if position == 0 else sympy.Mod(quotient, extents[position]))
+        inner *= extents[position]
+    coords.reverse()
+    return coords
+
+
+def linearize(coords: list[sympy.Expr], extents: tuple[int, ...]) -> sympy.Expr:
+    """Row-major linear index of ``coords`` over ``extents`` (outermost first)."""
+    linear = sympy.Integer(0)
+    for coord, extent in zip(coords, extents):
+        linear = linear * extent + coord
+    return sympy.expand(linear)
+
+
+def output_size(spec: ConvSpec) -> tuple[int, ...]:
+    return tuple(
+        (size + 2 * p - d * (f - 1) - 1) // s + 1
+        for size, f, s, p, d in zip(spec.input_size, spec.filter_size, spec.stride, spec.padding, spec.dilation)
+    )
+
+
+def max_over_box(expr: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> int:
+    """The largest value of a polynomial with non-negative coefficients over a box [0, bound].
+
+    Such a polynomial is non-decreasing in every variable on the box, so its maximum sits at the
+    upper corner; the coefficient check is what makes this a proof rather than a guess."""
+    expr = sympy.expand(expr)
+    symbols = sorted(expr.free_symbols, key=str)
+    if symbols:
+        poly = sympy.Poly(expr, *symbols)
+        negative = [coef for coef in poly.coeffs() if coef < 0]
+        if negative:
+            raise ValueError(f"cannot bound {expr}: it has negative coefficients")
+    return int(expr.subs({s: bounds[s] for s in symbols}))
+
+
+@dataclass(frozen=True)
+class IndexAlgebra:
+    """The index maps of one spec; every field is a sympy expression or a tuple of them."""
+
+    spec: ConvSpec
+
+    # -- symbols -------------------------------------------------------------------------
+    @cached_property
+    def n(self):
+        return _sym("n")
+
+    @cached_property
+    def c(self):
+        return _sym("c")
+
+    @cached_property
+    def o(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(_sym(f"o{j}") for j in range(self.spec.dims))
+
+    @cached_property
+    def k(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(_sym(f"k{j}") for j in range(self.spec.dims))
+
+    @cached_property
+    def i(self) -> tuple[sympy.Symbol, ...]:
+        # Input coordinates may be negative (padding) before the bounds check: plain integers.
+        return tuple(sympy.Symbol(f"i{j}", integer=True) for j in range(self.spec.dims))
+
+    @cached_property
+    def col(self):
+        return _sym("col")
+
+    @cached_property
+    def row(self):
+        return _sym("row")
+
+    @cached_property
+    def kk(self):
+        return _sym("kk")
+
+    @cached_property
+    def pix(self):
+        return _sym("pix")
+
+    @cached_property
+    def t(self):
+        return _sym("t")
+
+    # -- sizes ---------------------------------------------------------------------------
+    @cached_property
+    def out_size(self) -> tuple[int, ...]:
+        return output_size(self.spec)
+
+    @cached_property
+    def taps(self) -> int:
+        """Filter positions (KD*KH*KW)."""
+        return math.prod(self.spec.filter_size)
+
+    @cached_property
+    def rows(self) -> int:
+        return self.spec.c * self.taps
+
+    @cached_property
+    def cols(self) -> int:
+        return self.spec.n * math.prod(self.out_size)
+
+    @cached_property
+    def pixels(self) -> int:
+        """Input pixels over the whole batch (N*D*H*W)."""
+        return self.spec.n * math.prod(self.spec.input_size)
+
+    @cached_property
+    def image_shape(self) -> tuple[int, ...]:
+        s = self.spec
+        if s.layout.channels_last:
+            return (s.n, *s.input_size, s.pitch)
+        return (s.n, s.c, *s.input_size)
+
+    @cached_property
+    def image_elements(self) -> int:
+        return math.prod(self.image_shape)
+
+    @cached_property
+    def col_shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    # -- forward maps ------------------------------------------------------------------
+    @cached_property
+    def col_coords(self) -> tuple[sympy.Expr, ...]:
+        """(n, o0, o1[, o2]) of a column index: columns run over (n, od, oh, ow)."""
+        return tuple(decompose(self.col, (self.spec.n, *self.out_size)))
+
+    @cached_property
+    def col_linear(self) -> sympy.Expr:
+        return linearize([self.n, *self.o], (self.spec.n, *self.out_size))
+
+    @cached_property
+    def tap_coords(self) -> tuple[sympy.Expr, ...]:
+        """(k0, k1[, k2]) of a flattened filter position ``kk``."""
+        return tuple(decompose(self.kk, self.spec.filter_size))
+
+    @cached_property
+    def tap_linear(self) -> sympy.Expr:
+        return linearize(list(self.k), self.spec.filter_size)
+
+    @cached_property
+    def in_coord(self) -> tuple[sympy.Expr, ...]:
+        """Input coordinate read by output ``o`` at filter tap ``k``: o*s - p + k*d."""
+        s = self.spec
+        return tuple(o * st - p + k * d for o, k, st, p, d in zip(self.o, self.k, s.stride, s.padding, s.dilation))
+
+    @cached_property
+    def row_of(self) -> sympy.Expr:
+        """Column-matrix row of channel ``c`` at tap ``kk``: (c, taps) channels-first, (taps, c) channels-last."""
+        if self.spec.layout.channels_last:
+            return self.kk * self.spec.c + self.c
+        return self.c * self.taps + self.kk
+
+    @cached_property
+    def row_coords(self) -> tuple[sympy.Expr, sympy.Expr]:
+        """(c, kk) of a row index: the inverse of ``row_of``."""
+        if self.spec.layout.channels_last:
+            kk, c = decompose(self.row, (self.taps, self.spec.c))
+        else:
+            c, kk = decompose(self.row, (self.spec.c, self.taps))
+        return c, kk
+
+    @cached_property
+    def pixel_linear(self) -> sympy.Expr:
+        """Linear pixel index (n, i0, i1[, i2]) of channels-last data; times the pitch gives the offset."""
+        return linearize([self.n, *self.i], (self.spec.n, *self.spec.input_size))
+
+    @cached_property
+    def pixel_coords(self) -> tuple[sympy.Expr, ...]:
+        """(n, i0, i1[, i2]) of a pixel index ``pix``."""
+        return tuple(decompose(self.pix, (self.spec.n, *self.spec.input_size)))
+
+    @cached_property
+    def x_offset(self) -> sympy.Expr:
+        """Element offset of (n, c, i...) in the image, honouring layout and channel pitch."""
+        s = self.spec
+        if s.layout.channels_last:
+            return sympy.expand(self.pixel_linear * s.pitch + self.c)
+        return linearize([self.n, self.c, *self.i], (s.n, s.c, *s.input_size))
+
+    @cached_property
+    def image_coords(self) -> tuple[sympy.Expr, ...]:
+        """(n, c, i0, i1[, i2]) of a channels-first image element ``t``."""
+        s = self.spec
+        n, c, *i = decompose(self.t, (s.n, s.c, *s.input_size))
+        return (n, c, *i)
+
+    @cached_property
+    def col_offset(self) -> sympy.Expr:
+        return self.row * self.cols + self.col
+
+    # -- inverse map (col2im gather) -----------------------------------------------------
+    @cached_property
+    def window_numerator(self) -> tuple[sympy.Expr, ...]:
+        """o*s for the window whose tap k covers input coordinate i, solved from i = o*s - p + k*d."""
+        numerators = []
+        for j, (coord, o, st) in enumerate(zip(self.in_coord, self.o, self.spec.stride)):
+            solution = sympy.solve(sympy.Eq(self.i[j], coord), o)[0]
+            numerators.append(sympy.expand(solution * st))
+        return tuple(numerators)
+
+    # -- bounds ---------------------------------------------------------------------------
+    def largest_index(self, padded_threads: int = 0) -> int:
+        """Proven largest linear index any kernel of this spec forms (buffer offsets and thread ids)."""
+        s = self.spec
+        box = {self.n: s.n - 1, self.c: max(s.c, s.pitch) - 1, self.row: self.rows - 1, self.col: self.cols - 1}
+        box.update({i: size - 1 for i, size in zip(self.i, s.input_size)})
+        image_max = max_over_box(self.x_offset, box)
+        if s.layout.channels_last:
+            image_max = max(image_max, self.image_elements - 1)
+        col_max = max_over_box(self.col_offset, box)
+        return max(image_max, col_max, padded_threads - 1)
+
+    def index_type(self, padded_threads: int = 0) -> str:
+        """``int`` when every index provably fits in 32 bits, else ``long long``."""
+        return "int" if self.largest_index(padded_threads) <= INT32_MAX else "long long"
+
+
+def lambdify(symbols, expr):
+    """The same expression as a numpy callable, for CPU tests of the maps."""
+    return sympy.lambdify(symbols, expr, modules="numpy")
+
+
+def bounds_check(algebra: IndexAlgebra) -> str:
+    """C condition that the input coordinates i0.. lie inside the image, with the sides that the
+    spec proves can never fail left out (no padding: no lower check; no overhang: no upper one)."""
+    spec = algebra.spec
+    terms = []
+    for j, (expr, size) in enumerate(zip(algebra.in_coord, spec.input_size)):
+        box = {o: extent - 1 for o, extent in zip(algebra.o, algebra.out_size)}
+        box.update({k: f - 1 for k, f in zip(algebra.k, spec.filter_size)})
+        low = int(expr.subs({s: 0 for s in expr.free_symbols}))
+        high = int(expr.subs(box))
+        if low < 0:
+            terms.append(f"i{j} >= 0")
+        if high > size - 1:
+            terms.append(f"i{j} < {size}")
+    return " && ".join(terms) if terms else "true"

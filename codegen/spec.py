@@ -1,0 +1,220 @@
+"""The convolution spec: what a kernel is specialised for, validated once at construction.
+
+Nothing a user typed reaches a template without passing through here.  Every error names the
+field, the value it got and what would have been accepted, so that a CLI user can fix the flag
+without reading a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SpecError(ValueError):
+    """An invalid spec or tile choice; the message names the field, the value and what is allowed."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str):
+        self.field = field_name
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field_name}={value!r} is invalid: {allowed}")
+
+
+class Layout(str, enum.Enum):
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+    NCDHW = "NCDHW"
+    NDHWC = "NDHWC"
+
+    @property
+    def dims(self) -> int:
+        return len(self.value) - 2
+
+    @property
+    def channels_last(self) -> bool:
+        return self.value.endswith("C")
+
+
+class DType(str, enum.Enum):
+    """Element types.  Only float32 has kernels today; the others are declared so that adding them
+    later changes the kernels, not the shape of the spec."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+    @property
+    def c_type(self) -> str:
+        return {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}[self.value]
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.float32 else 2
+
+
+SUPPORTED_DTYPES = (DType.float32,)
+LAYOUTS_FOR_DIMS = {2: (Layout.NCHW, Layout.NHWC), 3: (Layout.NCDHW, Layout.NDHWC)}
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(name, value, f"must be an integer >= {minimum}")
+    if value < minimum:
+        raise SpecError(name, value, f"must be an integer >= {minimum}")
+    return value
+
+
+def _per_dim(name: str, value: Any, dims: int, minimum: int) -> tuple[int, ...]:
+    """An int broadcasts to every spatial dimension; a sequence must have one entry per dimension."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != dims:
+            raise SpecError(name, value, f"needs {dims} entries (one per spatial dimension) or one integer")
+        return tuple(_positive_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(value))
+    return (_positive_int(name, value, minimum),) * dims
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A convolution problem: shapes, layout, geometry and element type (the *what*, never the *how*).
+
+    Spatial tuples run outermost first: (H, W) in 2D and (D, H, W) in 3D; likewise for the filter
+    (R, S) / (T, R, S), stride, padding and dilation.  ``dpitch`` is the channel pitch of
+    channels-last data in elements (the DECX padded depth); it defaults to ``c``.
+    """
+
+    dims: int
+    layout: Layout
+    n: int
+    c: int
+    k: int
+    input_size: tuple[int, ...]
+    filter_size: tuple[int, ...]
+    stride: tuple[int, ...] = field(default=1)
+    padding: tuple[int, ...] = field(default=0)
+    dilation: tuple[int, ...] = field(default=1)
+    dpitch: int | None = None
+    dtype: DType = DType.float32
+
+    def __post_init__(self) -> None:
+        dims = self.dims
+        if isinstance(dims, bool) or dims not in (2, 3):
+            raise SpecError("dims", dims, "must be 2 or 3")
+        try:
+            layout = Layout(self.layout)
+        except ValueError:
+            raise SpecError("layout", self.layout, f"must be one of {', '.join(l.value for l in Layout)}") from None
+        if layout not in LAYOUTS_FOR_DIMS[dims]:
+            allowed = " or ".join(l.value for l in LAYOUTS_FOR_DIMS[dims])
+            raise SpecError("layout", layout.value, f"a {dims}D spec takes {allowed}")
+        try:
+            dtype = DType(self.dtype)
+        except ValueError:
+            raise SpecError("dtype", self.dtype, f"must be one of {', '.join(d.value for d in DType)}") from None
+        if dtype not in SUPPORTED_DTYPES:
+            raise SpecError("dtype", dtype.value, "only float32 has kernels in this version")
+        for name in ("n", "c", "k"):
+            _positive_int(name, getattr(self, name))
+        input_size = _per_dim("input_size", self.input_size, dims, 1)
+        filter_size = _per_dim("filter_size", self.filter_size, dims, 1)
+        stride = _per_dim("stride", self.stride, dims, 1)
+        padding = _per_dim("padding", self.padding, dims, 0)
+        dilation = _per_dim("dilation", self.dilation, dims, 1)
+        dpitch = self.dpitch
+        if dpitch is not None:
+            if not layout.channels_last:
+                raise SpecError("dpitch", dpitch, f"applies only to channels-last layouts; {layout.value} has none")
+            _positive_int("dpitch", dpitch)
+            if dpitch < self.c:
+                raise SpecError("dpitch", dpitch, f"must be >= c ({self.c})")
+        for i, (size, f, p, d) in enumerate(zip(input_size, filter_size, padding, dilation)):
+            extent = d * (f - 1) + 1
+            if extent > size + 2 * p:
+                axis = _axis_name(dims, i)
+                raise SpecError(
+                    "filter_size",
+                    filter_size,
+                    f"the dilated filter spans {extent} along {axis}, more than the padded input "
+                    f"({size} + 2*{p} = {size + 2 * p}): the output would be empty",
+                )
+        for name, value in (
+            ("layout", layout),
+            ("dtype", dtype),
+            ("input_size", input_size),
+            ("filter_size", filter_size),
+            ("stride", stride),
+            ("padding", padding),
+            ("dilation", dilation),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def pitch(self) -> int:
+        """Elements between consecutive pixels of channels-last data (the channel pitch)."""
+        return self.dpitch if self.dpitch is not None else self.c
+
+    @property
+    def output_size(self) -> tuple[int, ...]:
+        from codegen import index
+
+        return index.output_size(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["layout"] = self.layout.value
+        data["dtype"] = self.dtype.value
+        for key in ("input_size", "filter_size", "stride", "padding", "dilation"):
+            data[key] = list(data[key])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ConvSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(unknown[0], data[unknown[0]], f"is not a spec field; fields are {', '.join(sorted(known))}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise SpecError(missing[0], None, "is required")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str) -> "ConvSpec":
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except OSError as err:
+            raise SpecError("spec", path, f"could not be read ({err.strerror})") from None
+        except json.JSONDecodeError as err:
+            raise SpecError("spec", path, f"is not valid JSON ({err.msg} at line {err.lineno})") from None
+        if not isinstance(data, dict):
+            raise SpecError("spec", path, "must hold a JSON object of spec fields")
+        return cls.from_dict(data)
+
+    def describe(self) -> str:
+        """One line for headers, tables and error reports."""
+        pitch = f" dpitch={self.dpitch}" if self.dpitch is not None else ""
+        return (
+            f"{self.dims}D {self.layout.value} n={self.n} c={self.c} k={self.k} "
+            f"input={'x'.join(map(str, self.input_size))} filter={'x'.join(map(str, self.filter_size))} "
+            f"stride={_tup(self.stride)} padding={_tup(self.padding)} dilation={_tup(self.dilation)}"
+            f"{pitch} {self.dtype.value}"
+        )
+
+
+def _tup(values: tuple[int, ...]) -> str:
+    return ",".join(map(str, values))
+
+
+def _axis_name(dims: int, i: int) -> str:
+    return ("D", "H", "W")[i + 3 - dims]
+
+
+def replace(spec: ConvSpec, **changes: Any) -> ConvSpec:
+    """A copy of ``spec`` with ``changes`` applied and validated again."""
+    data = spec.to_dict()
+    data.update(changes)
+    return ConvSpec.from_dict(data)
