@@ -300,3 +300,60 @@ def bounds_check(algebra: IndexAlgebra) -> str:
         if high > size - 1:
             terms.append(f"i{j} < {size}")
     return " && ".join(terms) if terms else "true"
+
+
+def window_terms(algebra: IndexAlgebra) -> tuple[list[str], list[str], str]:
+    """For col2im gather: names ``w0..`` with their C expressions (o*s of the window whose tap k
+    covers input coordinate i), the output coordinates o = w/s, and the C condition that such a
+    window exists.  Sides of the condition that the spec proves always true are left out."""
+    spec = algebra.spec
+    numerators, outputs, terms = [], [], []
+    for j, expr in enumerate(algebra.window_numerator):
+        size, f, s, p, d = (spec.input_size[j], spec.filter_size[j], spec.stride[j], spec.padding[j],
+                            spec.dilation[j])
+        w = sympy.Symbol(f"w{j}", integer=True)
+        numerators.append(to_c(expr))
+        outputs.append(to_c(sympy.floor(w / s)))
+        low = p - (f - 1) * d
+        high = size - 1 + p
+        if low < 0:
+            terms.append(f"w{j} >= 0")
+        if s > 1:
+            terms.append(f"w{j} % {s} == 0")
+        if high > (algebra.out_size[j] - 1) * s:
+            terms.append(f"w{j} <= {(algebra.out_size[j] - 1) * s}")
+    return numerators, outputs, " && ".join(terms) if terms else "true"
+
+
+def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
+    """The index maps every template may use, printed as C with the spec's constants folded in."""
+    spec = alg.spec
+    window = window_terms(alg)
+    return {
+        "idx_t": alg.index_type(padded_threads),
+        "dims": spec.dims,
+        "channels_last": spec.layout.channels_last,
+        "C": spec.c,
+        "pitch": spec.pitch,
+        "rows": alg.rows,
+        "cols": alg.cols,
+        "taps": alg.taps,
+        "pixels_total": alg.pixels,
+        "image_elements": alg.image_elements,
+        "col_coords": [to_c(e) for e in alg.col_coords],
+        "tap_coords": [to_c(e) for e in alg.tap_coords],
+        "in_coord": [to_c(e) for e in alg.in_coord],
+        "in_bounds": bounds_check(alg),
+        "x_offset": to_c(alg.x_offset),
+        "pixel_offset": to_c(alg.pixel_linear * spec.pitch),
+        "row_of": to_c(alg.row_of),
+        "row_coords": [to_c(e) for e in alg.row_coords],
+        "pixel_coords": [to_c(e) for e in alg.pixel_coords],
+        "image_coords": [to_c(e) for e in alg.image_coords],
+        "window_numerator": window[0],
+        "window_o": window[1],
+        "window_valid": window[2],
+        "col_linear": to_c(alg.col_linear),
+        "thread_coords": [to_c(e) for e in decompose(alg.t, (spec.c, alg.cols))],
+        "pixel_channel": [to_c(e) for e in decompose(alg.t, (alg.pixels, spec.pitch))],
+    }

@@ -6,6 +6,7 @@ context.  Everything downstream (render, compile, launch, emit) reads only the p
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -66,6 +67,13 @@ class KernelPlan:
     @property
     def kernel_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(l.kernel for l in self.launches))
+
+
+def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
+    """``convgen_<family>_<variant>_<tag>``: the tag hashes spec and tiles, so kernels of several
+    emitted files can be linked into one program without clashing."""
+    tag = hashlib.sha256(f"{spec.describe()}|{tiles.describe()}".encode()).hexdigest()[:10]
+    return f"convgen_{family}_{variant}_{tag}"
 
 
 def grid_for(total: int, per_block: int) -> int:

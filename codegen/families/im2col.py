@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
-from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for
+from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
 
@@ -119,47 +119,15 @@ class Im2col(Family):
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        launch = Launch(f"convgen_im2col_{variant}", grid, block)
+        launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
         padded_threads = launch.threads
-        context.update(self.index_context(alg, padded_threads))
-        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1],
-                       thread_coords=[index.to_c(e) for e in index.decompose(alg.t, (spec.c, alg.cols))])
+        context.update(index.template_context(alg, padded_threads))
+        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1])
         buffers = (
             Buffer("x", alg.image_shape, "in", 16 if variant.startswith("vec") else 4),
             Buffer("col", alg.col_shape, "out", 16 if context.get("vector_store") else 4),
         )
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context)
-
-    @staticmethod
-    def index_context(alg: index.IndexAlgebra, padded_threads: int) -> dict:
-        """The index maps, printed as C with the spec's constants folded in."""
-        spec = alg.spec
-        to_c = index.to_c
-        return {
-            "idx_t": alg.index_type(padded_threads),
-            "dims": spec.dims,
-            "C": spec.c,
-            "pitch": spec.pitch,
-            "rows": alg.rows,
-            "cols": alg.cols,
-            "taps": alg.taps,
-            "pixels_total": alg.pixels,
-            "image_elements": alg.image_elements,
-            "col_coords": [to_c(e) for e in alg.col_coords],
-            "tap_coords": [to_c(e) for e in alg.tap_coords],
-            "in_coord": [to_c(e) for e in alg.in_coord],
-            "in_bounds": index.bounds_check(alg),
-            "x_offset": to_c(alg.x_offset),
-            "pixel_offset": to_c(alg.pixel_linear * spec.pitch),
-            "row_of": to_c(alg.row_of),
-            "row_coords": [to_c(e) for e in alg.row_coords],
-            "pixel_coords": [to_c(e) for e in alg.pixel_coords],
-            "image_coords": [to_c(e) for e in alg.image_coords],
-            "window_numerator": [to_c(e) for e in alg.window_numerator],
-            "stride": list(spec.stride),
-            "out_size": list(alg.out_size),
-            "col_linear": to_c(alg.col_linear),
-        }
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         (x,) = inputs

@@ -1,0 +1,170 @@
+"""The Python API: build a kernel for a spec, then call it on device arrays.
+
+``build`` runs the whole flow (plan, render, compile/cache) once; the returned ``Kernel`` checks
+every argument (kind, device, dtype, shape, contiguity, alignment) before each launch, so a wrong
+array fails with a sentence instead of a wrong answer or a crash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from codegen.compile import CompiledKernel, compile_source, device_arch
+from codegen.families import get_family
+from codegen.families.base import Buffer, KernelPlan
+from codegen.render import KernelSource, render_kernels
+from codegen.spec import ConvSpec, SpecError
+from codegen.tiles import Tiles
+
+
+class LaunchError(ValueError):
+    """An argument does not fit the kernel it was passed to."""
+
+
+def has_gpu() -> bool:
+    return device_arch() is not None
+
+
+def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> KernelPlan:
+    """Validate ``tiles`` for ``family`` (heuristic when None) and return the family's plan."""
+    fam = get_family(family)
+    if tiles is None:
+        tiles = fam.default_tiles(spec)
+    elif isinstance(tiles, dict):
+        tiles = fam.tiles_type.from_dict({**fam.default_tiles(spec).to_dict(), **tiles})
+    elif not isinstance(tiles, fam.tiles_type):
+        raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
+    return fam.plan(spec, tiles)
+
+
+@dataclass
+class Kernel:
+    """A compiled kernel for one (family, spec, tiles); call it like a function on device arrays."""
+
+    plan: KernelPlan
+    source: KernelSource
+    compiled: CompiledKernel
+    _functions: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def spec(self) -> ConvSpec:
+        return self.plan.spec
+
+    def _function(self, device_id: int, name: str):
+        import cupy
+
+        if device_id not in self._functions:
+            with cupy.cuda.Device(device_id):
+                module = cupy.cuda.function.Module()
+                module.load(self.compiled.cubin)
+                self._functions[device_id] = {"module": module}
+        loaded = self._functions[device_id]
+        if name not in loaded:
+            loaded[name] = loaded["module"].get_function(name)
+        return loaded[name]
+
+    def __call__(self, *inputs: Any, out: Any = None) -> Any:
+        import cupy
+
+        expected = self.plan.inputs
+        if len(inputs) != len(expected):
+            names = ", ".join(b.name for b in expected)
+            raise LaunchError(f"{self.plan.family} takes {len(expected)} input(s) ({names}); got {len(inputs)}")
+        kind = _kind(inputs[0])
+        arrays = [_as_cupy(x, b) for x, b in zip(inputs, expected)]
+        device_id = arrays[0].device.id
+        for array, buffer in zip(arrays, expected):
+            _check(array, buffer, device_id)
+        with cupy.cuda.Device(device_id):
+            if out is None:
+                result = cupy.empty(self.plan.output.shape, dtype=cupy.float32)
+            else:
+                result = _as_cupy(out, self.plan.output)
+                _check(result, self.plan.output, device_id)
+            stream = _stream_for(kind)
+            self.launch(arrays, result, stream)
+        if out is not None:
+            return out
+        return _to_kind(result, kind)
+
+    def launch(self, arrays: list, result, stream=None) -> None:
+        """Launch on already-checked CuPy arrays (the benchmark's hot path)."""
+        import cupy
+
+        stream = stream or cupy.cuda.get_current_stream()
+        device_id = result.device.id
+        if self.plan.zero_output:
+            cupy.cuda.runtime.memsetAsync(result.data.ptr, 0, result.nbytes, stream.ptr)
+        for launch in self.plan.launches:
+            function = self._function(device_id, launch.kernel)
+            function(launch.grid, launch.block, (*arrays, result), shared_mem=launch.shared_bytes, stream=stream)
+
+
+def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> Kernel:
+    """Plan, render and compile (through the cache) the ``family`` kernel for ``spec``.
+
+    ``tiles=None`` picks the family's heuristic; ``arch=None`` the current device's architecture
+    (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched)."""
+    kernel_plan = plan(family, spec, tiles)
+    source = render_kernels(kernel_plan)
+    compiled = compile_source(source.code, f"{family}.cu", arch)
+    return Kernel(kernel_plan, source, compiled)
+
+
+def _kind(obj: Any) -> str:
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        return "torch"
+    return "cupy"
+
+
+def _as_cupy(obj: Any, buffer: Buffer):
+    import cupy
+
+    if isinstance(obj, cupy.ndarray):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return cupy.asarray(obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type, _ = obj.__dlpack_device__()
+        if device_type == 2:  # kDLCUDA
+            return cupy.from_dlpack(obj)
+    raise LaunchError(
+        f"{buffer.name} must be a CUDA device array (CuPy, PyTorch or anything with "
+        f"__cuda_array_interface__ or DLPack); got {type(obj).__module__}.{type(obj).__name__}"
+        + (" in host memory: move it to the GPU first (cupy.asarray)" if type(obj).__module__ == "numpy" else ""))
+
+
+def _check(array, buffer: Buffer, device_id: int) -> None:
+    import cupy
+
+    if array.dtype != cupy.float32:
+        raise LaunchError(f"{buffer.name} has dtype {array.dtype}; this kernel takes float32")
+    if tuple(array.shape) != buffer.shape:
+        raise LaunchError(f"{buffer.name} has shape {tuple(array.shape)}; this kernel takes {buffer.shape}")
+    if not array.flags.c_contiguous:
+        raise LaunchError(f"{buffer.name} has strides {array.strides}; this kernel takes a C-contiguous array "
+                          "(channel pitch is part of the shape: use dpitch in the spec)")
+    if array.device.id != device_id:
+        raise LaunchError(f"{buffer.name} is on device {array.device.id}; the other arrays are on {device_id}")
+    if array.data.ptr % buffer.alignment:
+        raise LaunchError(f"{buffer.name} starts at an address not aligned to {buffer.alignment} bytes, "
+                          "which this vectorised kernel needs")
+
+
+def _stream_for(kind: str):
+    import cupy
+
+    if kind == "torch":
+        import torch
+
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cupy.cuda.get_current_stream()
+
+
+def _to_kind(result, kind: str):
+    if kind == "torch":
+        import torch
+
+        return torch.from_dlpack(result)
+    return result

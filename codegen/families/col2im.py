@@ -1,0 +1,99 @@
+"""col2im: column matrix back to an image, summing every window that covers each element.
+
+The column matrix is the one im2col writes (see codegen/families/im2col.py).  Two algorithms:
+- ``gather`` (default, deterministic): one thread per image element sums, in a fixed tap order,
+  the entries of every window covering it, so results are bitwise identical run to run.
+  Channels-last blocks are (pixels x channels) so that column reads coalesce across a warp.
+- ``scatter``: one thread per (channel, column) adds its entries into the image with atomics;
+  the launcher zeroes the image first.  Summation order varies from run to run.
+Channels-last padding lanes (c >= C) come out as zeros from both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from codegen import index
+from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
+from codegen.spec import ConvSpec
+from codegen.tiles import TileParam, Tiles, check_block
+
+
+@dataclass(frozen=True)
+class Col2imTiles(Tiles):
+    algorithm: str = "gather"
+    threads: int = 256
+
+    PARAMS: ClassVar = (
+        TileParam("algorithm", "gather: deterministic, no atomics; scatter: atomicAdd into a zeroed image",
+                  choices=("gather", "scatter")),
+        TileParam("threads", "threads per block", minimum=32, maximum=1024, multiple_of=32),
+    )
+
+
+def image_reference(spec: ConvSpec, col: np.ndarray) -> np.ndarray:
+    """col2im in float64: add each tap's strided slice back into a zero-padded image, then crop."""
+    out = index.output_size(spec)
+    taps = int(np.prod(spec.filter_size))
+    col = np.asarray(col, dtype=np.float64)
+    if spec.layout.channels_last:
+        blocks = col.reshape(taps, spec.c, spec.n, *out).transpose(2, 1, 0, *range(3, 3 + spec.dims))
+    else:
+        blocks = col.reshape(spec.c, taps, spec.n, *out).transpose(2, 0, 1, *range(3, 3 + spec.dims))
+    padded = np.zeros((spec.n, spec.c, *[size + 2 * p for size, p in zip(spec.input_size, spec.padding)]))
+    for t, tap in enumerate(np.ndindex(*spec.filter_size)):
+        window = tuple(
+            slice(k * d, k * d + (o - 1) * s + 1, s)
+            for k, d, o, s in zip(tap, spec.dilation, out, spec.stride)
+        )
+        padded[(slice(None), slice(None)) + window] += blocks[:, :, t]
+    crop = tuple(slice(p, p + size) for p, size in zip(spec.padding, spec.input_size))
+    image = padded[(slice(None), slice(None)) + crop]
+    if spec.layout.channels_last:
+        image = np.moveaxis(image, 1, -1)
+        lanes = np.zeros((*image.shape[:-1], spec.pitch))
+        lanes[..., : spec.c] = image
+        image = lanes
+    return image
+
+
+class Col2im(Family):
+    name = "col2im"
+    template = "col2im.cu.j2"
+    tiles_type = Col2imTiles
+    summary = "column matrix -> image: deterministic gather or atomic scatter"
+
+    def default_tiles(self, spec: ConvSpec) -> Col2imTiles:
+        return Col2imTiles()
+
+    def plan(self, spec: ConvSpec, tiles: Col2imTiles) -> KernelPlan:
+        alg = self.algebra(spec)
+        if tiles.algorithm == "scatter":
+            variant = "scatter"
+            block = (tiles.threads, 1, 1)
+            grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
+        elif spec.layout.channels_last:
+            variant = "gather_channels_last"
+            channel_threads = min(8, 1 << (spec.pitch - 1).bit_length())
+            block = (max(1, tiles.threads // channel_threads), channel_threads, 1)
+            grid = (grid_for(alg.pixels, block[0]), 1, 1)
+        else:
+            variant = "gather_channels_first"
+            block = (tiles.threads, 1, 1)
+            grid = (grid_for(alg.image_elements, tiles.threads), 1, 1)
+        check_block(block[0] * block[1], "tiles.threads", tiles.threads)
+        launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
+        context = index.template_context(alg, launch.threads)
+        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1])
+        buffers = (Buffer("col", alg.col_shape, "in"), Buffer("image", alg.image_shape, "out"))
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context,
+                          zero_output=variant == "scatter")
+
+    def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
+        (col,) = inputs
+        return image_reference(spec, col)
+
+
+FAMILY = Col2im()

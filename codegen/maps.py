@@ -1,0 +1,83 @@
+"""The sympy index maps evaluated with numpy over whole tensors.
+
+This is the kernels' index arithmetic run on the CPU: comparing it with the slicing references
+in the family modules checks the algebra without a GPU (CPU test tier, GPU-less ``convgen fuzz``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from codegen.index import IndexAlgebra, decompose, lambdify
+
+
+def _eval(alg: IndexAlgebra, expr, **values) -> np.ndarray:
+    symbols = sorted(expr.free_symbols, key=str) if hasattr(expr, "free_symbols") else []
+    function = lambdify(symbols, expr)
+    result = function(*[values[str(s)] for s in symbols])
+    return np.floor(np.asarray(result, dtype=np.float64) + 0.5).astype(np.int64) * np.ones_like(
+        next(iter(values.values())), dtype=np.int64)
+
+
+def im2col_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
+    """Every column-matrix element through row_coords, tap_coords, col_coords, in_coord, x_offset."""
+    spec = alg.spec
+    row, col = np.meshgrid(np.arange(alg.rows), np.arange(alg.cols), indexing="ij")
+    c = _eval(alg, alg.row_coords[0], row=row)
+    kk = _eval(alg, alg.row_coords[1], row=row)
+    values = {"c": c, "kk": kk, "col": col}
+    for j, expr in enumerate(alg.tap_coords):
+        values[f"k{j}"] = _eval(alg, expr, kk=kk)
+    values["n"] = _eval(alg, alg.col_coords[0], col=col)
+    for j, expr in enumerate(alg.col_coords[1:]):
+        values[f"o{j}"] = _eval(alg, expr, col=col)
+    inside = np.ones(row.shape, dtype=bool)
+    for j, expr in enumerate(alg.in_coord):
+        values[f"i{j}"] = _eval(alg, expr, **values)
+        inside &= (values[f"i{j}"] >= 0) & (values[f"i{j}"] < spec.input_size[j])
+    offset = _eval(alg, alg.x_offset, **values)
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    return np.where(inside, flat[np.where(inside, offset, 0)], 0.0)
+
+
+def col2im_by_maps(alg: IndexAlgebra, col_matrix: np.ndarray) -> np.ndarray:
+    """Every image element gathered through the inverse (window) maps, taps in kernel order."""
+    spec = alg.spec
+    flat_col = np.asarray(col_matrix, dtype=np.float64).reshape(-1)
+    t = np.arange(alg.image_elements)
+    values: dict[str, np.ndarray] = {}
+    if spec.layout.channels_last:
+        pix, c = (_eval(alg, expr, t=t) for expr in decompose(alg.t, (alg.pixels, spec.pitch)))
+        values["pix"] = pix
+        for name, expr in zip(["n"] + [f"i{j}" for j in range(spec.dims)], alg.pixel_coords):
+            values[name] = _eval(alg, expr, pix=pix)
+    else:
+        for name, expr in zip(["n", "c"] + [f"i{j}" for j in range(spec.dims)], alg.image_coords):
+            values[name] = _eval(alg, expr, t=t)
+        c = values["c"]
+    values["c"] = c
+    image = np.zeros(alg.image_elements)
+    real_channel = c < spec.c
+    for kk in range(alg.taps):
+        tap = dict(values, kk=np.full_like(t, kk))
+        for j, expr in enumerate(alg.tap_coords):
+            tap[f"k{j}"] = _eval(alg, expr, kk=tap["kk"])
+        valid = real_channel.copy()
+        for j, expr in enumerate(alg.window_numerator):
+            w = _eval(alg, expr, **tap)
+            s = spec.stride[j]
+            valid &= (w >= 0) & (w % s == 0) & (w // s < alg.out_size[j])
+            tap[f"o{j}"] = np.where(valid, w // s, 0)
+        column = _eval(alg, alg.col_linear, **tap)
+        row = _eval(alg, alg.row_of, **tap)
+        offset = np.where(valid, row * alg.cols + column, 0)
+        image += np.where(valid, flat_col[offset], 0.0)
+    return image.reshape(alg.image_shape)
+
+
+def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
+    alg = IndexAlgebra(spec)
+    if family == "im2col":
+        return im2col_by_maps(alg, inputs[0])
+    if family == "col2im":
+        return col2im_by_maps(alg, inputs[0])
+    raise ValueError(f"no map evaluation for family {family!r}")
