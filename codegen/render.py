@@ -14,19 +14,13 @@ import jinja2
 from codegen import __version__
 from codegen.families.base import KernelPlan
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
-
-
-def template_dir() -> Path:
-    """Templates ship beside the package in a checkout and inside it in a wheel."""
-    packaged = Path(__file__).resolve().parent / "templates"
-    return packaged if packaged.is_dir() else TEMPLATE_DIR
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=False,

@@ -1,0 +1,318 @@
+"""The ``convgen`` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from codegen import __version__
+from codegen.spec import ConvSpec, SpecError
+
+EPILOG = """\
+examples:
+  convgen demo                                      generate, compile, emit (and on a GPU run and check) the default spec
+  convgen generate im2col --layout NCHW --c 64 --input 56 56 --filter 3 3 --padding 1
+  convgen emit im2col --layout NHWC --c 3 --dpitch 4 -o im2col_nhwc.cu
+  convgen compile col2im --tile algorithm=scatter --arch sm_90
+  convgen run im2col --dims 3 --layout NDHWC --input 8 16 16 --filter 3 3 3 --stride 2
+  convgen fuzz col2im --examples 300
+  convgen bench im2col --layouts NCHW NHWC --out bench-out
+  convgen cache info
+
+spec flags (every command that takes a spec): sizes are given outermost first, (H W) in 2D and
+(D H W) in 3D; --stride/--padding/--dilation take one value for all dimensions or one per
+dimension; --spec FILE.json reads the same fields (dims, layout, n, c, k, input_size,
+filter_size, stride, padding, dilation, dpitch, dtype) and flags given as well override it.
+"""
+
+DEFAULTS = {"dims": 2, "n": 2, "c": 3, "k": 8, "input_size": None, "filter_size": None,
+            "stride": 1, "padding": 1, "dilation": 1, "dpitch": None, "dtype": "float32"}
+
+
+class Fail(Exception):
+    """A user error to print as one line (no traceback) with exit status 2."""
+
+
+def add_spec_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("spec")
+    group.add_argument("--spec", metavar="FILE.json", help="read the spec from a JSON file")
+    group.add_argument("--dims", type=int, choices=(2, 3), help="spatial dimensions (default 2)")
+    group.add_argument("--layout", help="NCHW or NHWC (2D), NCDHW or NDHWC (3D); default channels-last")
+    group.add_argument("--n", type=int, help="batch (default 2)")
+    group.add_argument("--c", type=int, help="input channels (default 3)")
+    group.add_argument("--k", type=int, help="output channels / filters (default 8)")
+    group.add_argument("--input", type=int, nargs="+", metavar="SIZE", help="input size, e.g. 32 32 (default 32 per dim)")
+    group.add_argument("--filter", type=int, nargs="+", metavar="SIZE", help="filter size, e.g. 3 3 (default 3 per dim)")
+    group.add_argument("--stride", type=int, nargs="+", help="stride (default 1)")
+    group.add_argument("--padding", type=int, nargs="+", help="zero padding (default 1)")
+    group.add_argument("--dilation", type=int, nargs="+", help="dilation (default 1)")
+    group.add_argument("--dpitch", type=int, help="channel pitch of channels-last data, >= c (default c)")
+    group.add_argument("--dtype", help="element type (float32)")
+    parser.add_argument("--tile", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a tile parameter (repeatable); see 'convgen families'")
+
+
+def _one_or_many(values):
+    if values is None:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def spec_from_args(args) -> ConvSpec:
+    data = dict(DEFAULTS)
+    if args.spec:
+        data.update(ConvSpec.from_json(args.spec).to_dict())
+    flags = {"dims": args.dims, "layout": args.layout, "n": args.n, "c": args.c, "k": args.k,
+             "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
+             "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
+             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    dims = data["dims"]
+    data.setdefault("layout", None)
+    if data.get("layout") is None:
+        data["layout"] = "NHWC" if dims == 2 else "NDHWC"
+    if isinstance(data["layout"], str):
+        data["layout"] = data["layout"].upper()
+    if data["input_size"] is None:
+        data["input_size"] = 32 if dims == 2 else 16
+    if data["filter_size"] is None:
+        data["filter_size"] = 3
+    return ConvSpec.from_dict(data)
+
+
+def tiles_from_args(args) -> dict | None:
+    if not args.tile:
+        return None
+    tiles = {}
+    for item in args.tile:
+        if "=" not in item:
+            raise SpecError("--tile", item, "must be NAME=VALUE, e.g. threads=256")
+        name, value = item.split("=", 1)
+        tiles[name] = _parse_value(value)
+    return tiles
+
+
+def _parse_value(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def cmd_generate(args) -> int:
+    from codegen.api import plan
+    from codegen.render import render_kernels
+
+    print(render_kernels(plan(args.family, spec_from_args(args), tiles_from_args(args))).code, end="")
+    return 0
+
+
+def cmd_emit(args) -> int:
+    from codegen.emit import emit
+
+    path = emit(args.family, spec_from_args(args), args.output, tiles_from_args(args), args.name,
+                args.arch or "sm_90")
+    print(f"wrote {path}  (build: nvcc -arch={args.arch or 'sm_90'} -DCONVGEN_SELFTEST {path} -o selftest)")
+    return 0
+
+
+def _report_compile(kernel) -> None:
+    compiled = kernel.compiled
+    print(f"family   {kernel.plan.family} / {kernel.plan.variant}")
+    print(f"spec     {kernel.spec.describe()}")
+    print(f"tiles    {kernel.plan.tiles.describe()}")
+    print(f"arch     {compiled.arch}")
+    print(f"key      {compiled.key}")
+    timing = f" ({compiled.compile_seconds * 1e3:.0f} ms)" if compiled.source_hit == "miss" else ""
+    print(f"cache    {compiled.source_hit}{timing}")
+    print(f"cubin    {len(compiled.cubin)} bytes")
+    for name, res in compiled.resources.items():
+        print(f"kernel   {name}: {res.registers} registers, {res.shared_bytes} B shared, "
+              f"{res.stack_bytes} B stack, spills {res.spill_stores}/{res.spill_loads} B")
+    for warning in compiled.warnings:
+        print(f"warning  {warning}")
+
+
+def cmd_compile(args) -> int:
+    from codegen.api import build
+
+    _report_compile(build(args.family, spec_from_args(args), tiles_from_args(args), args.arch))
+    return 0
+
+
+def _require_gpu(what: str) -> None:
+    from codegen.api import has_gpu
+
+    if not has_gpu():
+        raise Fail(f"{what} needs a CUDA GPU and none is visible; 'convgen compile' and 'convgen emit' work without one")
+
+
+def cmd_run(args) -> int:
+    _require_gpu("convgen run")
+    from codegen import bench
+    from codegen.api import build
+    from codegen.fuzz import compare, run_on_gpu
+
+    spec = spec_from_args(args)
+    kernel = build(args.family, spec, tiles_from_args(args))
+    _report_compile(kernel)
+    result, expected = run_on_gpu(args.family, spec, kernel=kernel)
+    mismatch = compare(result, expected)
+    print(f"check    {'PASS' if mismatch is None else 'FAIL: ' + str(mismatch)} (vs float64 numpy reference, NaN-poisoned output)")
+    median = bench.time_kernel(kernel)
+    nbytes = sum(b.elements for b in kernel.plan.buffers) * 4
+    print(f"time     {median * 1e3:.4f} ms median, {nbytes / median / 1e9:.1f} GB/s (bytes read once + written once)")
+    return 0 if mismatch is None else 1
+
+
+def cmd_fuzz(args) -> int:
+    from codegen.api import has_gpu
+    from codegen.fuzz import fuzz, spec_command
+
+    on_gpu = has_gpu()
+    tiles = tiles_from_args(args)
+    what = "kernels on the GPU" if on_gpu else "index maps on the CPU (no GPU visible)"
+    print(f"fuzzing {args.family}: {args.examples} examples, checking the {what}", flush=True)
+    start = time.perf_counter()
+
+    def progress(count, spec):
+        if sys.stderr.isatty() or count % 25 == 0:
+            print(f"\r  {count} specs tried, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)
+
+    found = fuzz(args.family, args.examples, on_gpu, tiles, args.seed, progress)
+    print(file=sys.stderr)
+    if found is None:
+        print(f"no failing spec in {args.examples} examples")
+        return 0
+    spec, mismatch = found
+    print(f"FAIL on the smallest spec found: {spec.describe()}\n  {mismatch}\nreproduce with:\n  {spec_command(args.family, spec, tiles)}")
+    return 1
+
+
+def cmd_bench(args) -> int:
+    _require_gpu("convgen bench")
+    from codegen import bench
+
+    results = bench.bench_memory_family(args.family, layouts=args.layouts, layers=args.layers,
+                                        out_dir=Path(args.out), repeats=args.repeats)
+    print(bench.format_table(results))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from codegen.compile import default_cache
+
+    cache = default_cache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.directory}")
+    else:
+        info = cache.info()
+        print(f"directory  {info['directory']}\nentries    {info['entries']}\nbytes      {info['bytes']}")
+    return 0
+
+
+def cmd_families(args) -> int:
+    from codegen.families import FAMILIES
+
+    for family in FAMILIES.values():
+        print(f"{family.name}: {family.summary}")
+        for param in family.tiles_type.PARAMS:
+            print(f"  --tile {param.name}=...  {param.doc}; {param.allowed()}")
+    return 0
+
+
+def cmd_catalogue(args) -> int:
+    from codegen import catalogue
+
+    stale = catalogue.stale_files()
+    if args.check:
+        for path in stale:
+            print(f"stale: {path}")
+        return 1 if stale else 0
+    written = catalogue.write_all()
+    print(f"{len(written)} file(s) rewritten, {len(catalogue.entries())} in the catalogue")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from codegen import demo
+
+    return demo.run(Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="convgen", description="Render convolution specs into specialised CUDA kernels: generate, "
+        "compile (NVRTC, cached by hash), run and check, emit standalone .cu files, fuzz shapes.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"convgen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def family_command(name, helptext, func):
+        cmd = sub.add_parser(name, help=helptext, description=helptext, epilog=EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.add_argument("family", help="kernel family: im2col or col2im")
+        add_spec_flags(cmd)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    family_command("generate", "print the rendered CUDA source of a kernel", cmd_generate)
+    emit_cmd = family_command("emit", "write a standalone .cu file (kernel, C launcher, self-test)", cmd_emit)
+    emit_cmd.add_argument("-o", "--output", required=True, metavar="FILE.cu")
+    emit_cmd.add_argument("--name", help="name of the extern \"C\" launcher")
+    emit_cmd.add_argument("--arch", help="architecture named in the build line (default sm_90)")
+    compile_cmd = family_command("compile", "compile with NVRTC (no GPU needed); report cache key, hit or miss, "
+                                 "cubin size, registers, shared memory, spills", cmd_compile)
+    compile_cmd.add_argument("--arch", help="target, e.g. sm_90 (default: the device's, else sm_90)")
+    family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)
+    fuzz_cmd = family_command("fuzz", "search random specs for one where the kernel is wrong; print the "
+                              "smallest as a command", cmd_fuzz)
+    fuzz_cmd.add_argument("--examples", type=int, default=100, help="specs to try (default 100)")
+    fuzz_cmd.add_argument("--seed", type=int, help="random seed, for a repeatable search")
+
+    bench_cmd = sub.add_parser("bench", help="benchmark a family on the twelve layers of shapes.json (GPU)")
+    bench_cmd.add_argument("family", choices=("im2col", "col2im"))
+    bench_cmd.add_argument("--layouts", nargs="+", default=["NCHW", "NHWC"])
+    bench_cmd.add_argument("--layers", nargs="+", help="layer names (default all twelve)")
+    bench_cmd.add_argument("--repeats", type=int, default=10)
+    bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
+    bench_cmd.set_defaults(func=cmd_bench)
+
+    cache_cmd = sub.add_parser("cache", help="show or clear the on-disk kernel cache ($CONVGEN_CACHE_DIR)")
+    cache_cmd.add_argument("action", choices=("info", "clear"))
+    cache_cmd.set_defaults(func=cmd_cache)
+
+    sub.add_parser("families", help="list kernel families and their tile parameters").set_defaults(func=cmd_families)
+
+    cat_cmd = sub.add_parser("catalogue", help="re-emit generated/ (the benchmark layers) or --check it is fresh")
+    cat_cmd.add_argument("--check", action="store_true")
+    cat_cmd.set_defaults(func=cmd_catalogue)
+
+    demo_cmd = sub.add_parser("demo", help="the main job on the default spec: generate, compile, emit, and on a "
+                              "GPU run and check every family")
+    demo_cmd.add_argument("--out", default="convgen-demo", help="folder for the emitted files")
+    demo_cmd.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from codegen.api import LaunchError
+    from codegen.compile import CompileError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (SpecError, LaunchError, CompileError, Fail) as err:
+        print(f"convgen: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

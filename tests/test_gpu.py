@@ -1,0 +1,172 @@
+"""GPU tier: every kernel variant against the float64 numpy reference and PyTorch, outputs
+NaN-poisoned before each launch.  Examples per test: $CONVGEN_GPU_EXAMPLES (300 in a full run)."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen.fuzz import compare, run_on_gpu, specs
+from codegen.spec import ConvSpec, Layout
+
+pytestmark = pytest.mark.gpu
+GPU = settings.get_profile("gpu")
+
+
+def _assert_matches(family, spec, tiles=None, seed=0):
+    result, expected = run_on_gpu(family, spec, tiles, seed)
+    mismatch = compare(result, expected)
+    assert mismatch is None, f"{family} {tiles} on {spec.describe()}: {mismatch}"
+
+
+@GPU
+@given(spec=specs(vector_pitch=False), seed=st.integers(0, 2**16))
+def test_im2col_scalar_variants(spec, seed):
+    _assert_matches("im2col", spec, {"vectorized": False}, seed)
+
+
+@GPU
+@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW)), seed=st.integers(0, 2**16))
+def test_im2col_channels_first(spec, seed):
+    _assert_matches("im2col", spec, None, seed)
+
+
+@GPU
+@given(spec=specs(vector_pitch=True, max_channels=40), seed=st.integers(0, 2**16),
+       pixels=st.sampled_from((32, 64, 128)), threads=st.sampled_from((128, 256, 512)))
+def test_im2col_dpitch_vectorised(spec, seed, pixels, threads):
+    _assert_matches("im2col", spec, {"vectorized": True, "pixels": min(pixels, threads), "threads": threads}, seed)
+
+
+@GPU
+@given(spec=specs(), seed=st.integers(0, 2**16), threads=st.sampled_from((64, 256)))
+def test_col2im_gather(spec, seed, threads):
+    _assert_matches("col2im", spec, {"algorithm": "gather", "threads": threads}, seed)
+
+
+@GPU
+@given(spec=specs(), seed=st.integers(0, 2**16))
+def test_col2im_scatter(spec, seed):
+    _assert_matches("col2im", spec, {"algorithm": "scatter"}, seed)
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@GPU
+@given(spec=specs(dims=2), seed=st.integers(0, 2**16))
+def test_im2col_against_torch_unfold(spec, seed):
+    torch = _torch()
+    import torch.nn.functional as F
+
+    from codegen.api import build
+
+    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) - 0.5
+    ours_in = x.permute(0, 2, 3, 1) if spec.layout.channels_last else x
+    if spec.layout.channels_last and spec.pitch != spec.c:
+        padded = torch.full((*ours_in.shape[:-1], spec.pitch), float("nan"), device="cuda")
+        padded[..., : spec.c] = ours_in
+        ours_in = padded
+    col = build("im2col", spec)(ours_in.contiguous())
+    assert isinstance(col, torch.Tensor)
+    taps = math.prod(spec.filter_size)
+    theirs = F.unfold(x, spec.filter_size, dilation=spec.dilation, padding=spec.padding, stride=spec.stride)
+    theirs = theirs.permute(1, 0, 2).reshape(spec.c, taps, -1)
+    if spec.layout.channels_last:
+        theirs = theirs.transpose(0, 1)
+    assert torch.equal(col.reshape(theirs.shape), theirs)
+
+
+@GPU
+@given(spec=specs(dims=2), seed=st.integers(0, 2**16), algorithm=st.sampled_from(("gather", "scatter")))
+def test_col2im_against_torch_fold(spec, seed, algorithm):
+    torch = _torch()
+    import torch.nn.functional as F
+
+    from codegen.api import build
+    from codegen.index import IndexAlgebra
+
+    alg = IndexAlgebra(spec)
+    col = torch.rand(alg.rows, alg.cols, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) - 0.5
+    image = build("col2im", spec, {"algorithm": algorithm})(col)
+    if spec.layout.channels_last:
+        theirs_col = col.reshape(alg.taps, spec.c, spec.n, -1).permute(2, 1, 0, 3)
+        image = image[..., : spec.c].permute(0, 3, 1, 2)
+    else:
+        theirs_col = col.reshape(spec.c, alg.taps, spec.n, -1).permute(2, 0, 1, 3)
+    theirs = F.fold(theirs_col.reshape(spec.n, spec.c * alg.taps, -1), spec.input_size, spec.filter_size,
+                    dilation=spec.dilation, padding=spec.padding, stride=spec.stride)
+    torch.testing.assert_close(image, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_gather_is_bitwise_reproducible():
+    import cupy
+
+    from codegen.api import build
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=4, c=16, k=1, input_size=(33, 35), filter_size=(5, 5), stride=1,
+                    padding=2, dilation=1)
+    kernel = build("col2im", spec, {"algorithm": "gather"})
+    col = cupy.random.default_rng(3).standard_normal(kernel.plan.inputs[0].shape, dtype=cupy.float32)
+    first = kernel(col)
+    for _ in range(5):
+        assert cupy.array_equal(kernel(col), first)
+
+
+def test_three_dimensional_layers_with_asymmetric_geometry():
+    spec = ConvSpec(dims=3, layout="NDHWC", n=2, c=5, k=1, input_size=(6, 9, 11), filter_size=(2, 3, 4),
+                    stride=(1, 2, 3), padding=(0, 1, 2), dilation=(2, 1, 1), dpitch=8)
+    for tiles in ({"vectorized": True}, {"vectorized": False}):
+        _assert_matches("im2col", spec, tiles)
+    for algorithm in ("gather", "scatter"):
+        _assert_matches("col2im", spec, {"algorithm": algorithm})
+
+
+def test_launch_rejects_bad_arguments():
+    import cupy
+
+    from codegen.api import LaunchError, build
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=3, k=1, input_size=(8, 8), filter_size=(3, 3), dpitch=4)
+    kernel = build("im2col", spec)
+    good = cupy.ones((2, 8, 8, 4), dtype=cupy.float32)
+    with pytest.raises(LaunchError, match="shape"):
+        kernel(cupy.ones((2, 8, 8, 3), dtype=cupy.float32))
+    with pytest.raises(LaunchError, match="dtype"):
+        kernel(good.astype(cupy.float64))
+    with pytest.raises(LaunchError, match="host memory"):
+        kernel(np.ones((2, 8, 8, 4), dtype=np.float32))
+    with pytest.raises(LaunchError, match="C-contiguous"):
+        kernel(cupy.ones((2, 8, 8, 8), dtype=cupy.float32)[..., ::2])
+    with pytest.raises(LaunchError, match="aligned"):
+        kernel(cupy.ones(2 * 8 * 8 * 4 + 1, dtype=cupy.float32)[1:].reshape(2, 8, 8, 4))
+    with pytest.raises(LaunchError, match="takes 1 input"):
+        kernel(good, good)
+    assert kernel(good).shape == kernel.plan.output.shape
+
+
+def test_large_spec_uses_64_bit_indexing_and_runs():
+    """A column matrix over 2^31 elements: the kernel must index with 64 bits and still be right
+    at the far end of the buffer."""
+    import cupy
+
+    from codegen.api import build
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=2, k=1, input_size=(1024, 1040), filter_size=(33, 32),
+                    stride=1, padding=16, dilation=1)
+    kernel = build("im2col", spec)
+    assert "typedef long long idx_t;" in kernel.source.code
+    x = cupy.random.default_rng(0).uniform(-1, 1, kernel.plan.inputs[0].shape, dtype=cupy.float32)
+    col = kernel(x)
+    rows, cols = col.shape
+    assert rows * cols > 2**31
+    last_row = cupy.asnumpy(col[-1])
+    # the last row is tap (32, 31) of channel 1: x[1, oh - 16 + 32, ow - 16 + 31], zero outside.
+    oh, ow = np.divmod(np.arange(cols), 1041)  # OW = 1040 + 2*16 - 31
+    xh = cupy.asnumpy(x[0, 1])
+    ih, iw = oh + 16, ow + 15
+    inside = (ih < 1024) & (iw < 1040)
+    expected = np.where(inside, xh[np.minimum(ih, 1023), np.minimum(iw, 1039)], 0)
+    assert np.array_equal(last_row, expected)
