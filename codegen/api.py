@@ -158,7 +158,7 @@ def _stream_for(kind: str):
     if kind == "torch":
         import torch
 
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        return cupy.cuda.Stream.from_external(torch.cuda.current_stream())
     return cupy.cuda.get_current_stream()
 
 

@@ -303,7 +303,7 @@ def bounds_check(algebra: IndexAlgebra) -> str:
 
 
 def window_terms(algebra: IndexAlgebra) -> tuple[list[str], list[str], str]:
-    """For col2im gather: names ``w0..`` with their C expressions (o*s of the window whose tap k
+    """For col2im gather over all taps (every stride 1): names ``w0..`` with their C expressions (o*s of the window whose tap k
     covers input coordinate i), the output coordinates o = w/s, and the C condition that such a
     window exists.  Sides of the condition that the spec proves always true are left out."""
     spec = algebra.spec
@@ -325,10 +325,38 @@ def window_terms(algebra: IndexAlgebra) -> tuple[list[str], list[str], str]:
     return numerators, outputs, " && ".join(terms) if terms else "true"
 
 
+def window_ranges(algebra: IndexAlgebra) -> list[dict]:
+    """For col2im gather, per spatial axis: the range of output coordinates o whose window covers
+    input coordinate i, and the tap k that does it, solved from i = o*s - p + k*d.
+
+    0 <= k <= K-1 gives i + p - (K-1)*d <= o*s <= i + p, so o runs from ceil(lo/s) to floor(hi/s),
+    clamped to [0, O-1]; k = (i + p - o*s)/d must divide exactly when d > 1.  Clamps the spec
+    proves unnecessary are left out.  Each entry holds C expressions over i<j> and o<j>."""
+    spec = algebra.spec
+    axes = []
+    for j, coord in enumerate(algebra.in_coord):
+        size, f, s, p, d = (spec.input_size[j], spec.filter_size[j], spec.stride[j], spec.padding[j],
+                            spec.dilation[j])
+        tap = sympy.solve(sympy.Eq(algebra.i[j], coord), algebra.k[j])[0]
+        tap_numerator = sympy.expand(tap * d)
+        lo = sympy.expand(sympy.solve(sympy.Eq(tap, f - 1), algebra.o[j])[0] * s)
+        hi = sympy.expand(sympy.solve(sympy.Eq(tap, 0), algebra.o[j])[0] * s)
+        last = algebra.out_size[j] - 1
+        lo_c, hi_c = to_c(lo), to_c(hi)
+        if p - (f - 1) * d >= 0:  # lo >= 0 for every i: no clamp at 0
+            first = f"(({lo_c}) + {s - 1}) / {s}" if s > 1 else lo_c
+        else:
+            first = f"(({lo_c}) > 0 ? (({lo_c}) + {s - 1}) / {s} : 0)" if s > 1 else f"(({lo_c}) > 0 ? ({lo_c}) : 0)"
+        top = f"(({hi_c}) / {s})" if s > 1 else f"({hi_c})"
+        if (size - 1 + p) // s > last:
+            top = f"convgen_min((idx_t){last}, (idx_t){top})"
+        axes.append({"first": first, "last": top, "tap_numerator": to_c(tap_numerator), "dilation": d})
+    return axes
+
+
 def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
     """The index maps every template may use, printed as C with the spec's constants folded in."""
     spec = alg.spec
-    window = window_terms(alg)
     return {
         "idx_t": alg.index_type(padded_threads),
         "dims": spec.dims,
@@ -346,13 +374,15 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
         "in_bounds": bounds_check(alg),
         "x_offset": to_c(alg.x_offset),
         "pixel_offset": to_c(alg.pixel_linear * spec.pitch),
+        "pixel_channel_offset": to_c(alg.pix * spec.pitch + alg.c),
         "row_of": to_c(alg.row_of),
         "row_coords": [to_c(e) for e in alg.row_coords],
         "pixel_coords": [to_c(e) for e in alg.pixel_coords],
         "image_coords": [to_c(e) for e in alg.image_coords],
-        "window_numerator": window[0],
-        "window_o": window[1],
-        "window_valid": window[2],
+        "window_axes": window_ranges(alg),
+        "window_taps": dict(zip(("numerators", "outputs", "valid"), window_terms(alg))),
+        "unit_stride": all(s == 1 for s in spec.stride),
+        "tap_linear": to_c(alg.tap_linear),
         "col_linear": to_c(alg.col_linear),
         "thread_coords": [to_c(e) for e in decompose(alg.t, (spec.c, alg.cols))],
         "pixel_channel": [to_c(e) for e in decompose(alg.t, (alg.pixels, spec.pitch))],

@@ -3,7 +3,9 @@
 The column matrix is the one im2col writes (see codegen/families/im2col.py).  Two algorithms:
 - ``gather`` (default, deterministic): one thread per image element sums, in a fixed tap order,
   the entries of every window covering it, so results are bitwise identical run to run.
-  Channels-last blocks are (pixels x channels) so that column reads coalesce across a warp.
+  Channels-last blocks are (pixels x channels) so that column reads coalesce across a warp; with
+  a pitch of 32 or more the block stages a 32x32 tile in shared memory so that the image writes
+  coalesce too (``gather_channels_last_tiled``; the ``threads`` tile does not apply to it).
 - ``scatter``: one thread per (channel, column) adds its entries into the image with atomics;
   the launcher zeroes the image first.  Summation order varies from run to run.
 Channels-last padding lanes (c >= C) come out as zeros from both.
@@ -21,6 +23,9 @@ from codegen.spec import ConvSpec
 from codegen.tiles import TileParam, Tiles, check_block
 
 
+TILED_PITCH = 32
+
+
 @dataclass(frozen=True)
 class Col2imTiles(Tiles):
     algorithm: str = "gather"
@@ -29,7 +34,8 @@ class Col2imTiles(Tiles):
     PARAMS: ClassVar = (
         TileParam("algorithm", "gather: deterministic, no atomics; scatter: atomicAdd into a zeroed image",
                   choices=("gather", "scatter")),
-        TileParam("threads", "threads per block", minimum=32, maximum=1024, multiple_of=32),
+        TileParam("threads", "threads per block (2D blocks keep a whole warp of pixels)",
+                  minimum=32, maximum=1024, multiple_of=32),
     )
 
 
@@ -74,11 +80,15 @@ class Col2im(Family):
             variant = "scatter"
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
+        elif spec.layout.channels_last and spec.pitch >= TILED_PITCH:
+            variant = "gather_channels_last_tiled"
+            block = (32, 8, 1)
+            grid = (grid_for(alg.pixels, 32), grid_for(spec.pitch, 32), 1)
         elif spec.layout.channels_last:
             variant = "gather_channels_last"
             channel_threads = min(8, 1 << (spec.pitch - 1).bit_length())
-            block = (max(1, tiles.threads // channel_threads), channel_threads, 1)
-            grid = (grid_for(alg.pixels, block[0]), 1, 1)
+            block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
+            grid = (grid_for(alg.pixels, block[0]), grid_for(spec.pitch, channel_threads), 1)
         else:
             variant = "gather_channels_first"
             block = (tiles.threads, 1, 1)

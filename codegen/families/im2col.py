@@ -9,10 +9,11 @@ Variants:
 - ``channels_last``: a 2D block (columns x channels); reads stay in the block's cache lines and
   writes coalesce along columns.
 - ``vec<dpitch>`` / ``vec_generic`` (DECX, seed 000): channels-last data whose channel pitch is a
-  multiple of 4.  Each thread loads float4s covering the pitch (pitch 4..16 gets a kernel of its
-  own, larger pitches loop over 16-channel chunks), the block transposes through shared memory
-  padded by 4 floats against bank conflicts, and whole warps store rows with float4 stores.
-  Padding lanes (c >= C) are loaded but never stored.
+  multiple of 4.  Each thread loads the float4s covering its pixel's channels (pitch 4..16 gets a
+  kernel of its own; larger pitches split the channels into 16-wide chunks, one per block row of
+  the grid), the block transposes through shared memory padded by 4 floats against bank
+  conflicts, and whole warps store rows with float4 stores.  Padding lanes (c >= C) never reach
+  the output, and float4s made only of padding lanes are not even loaded.
 """
 from __future__ import annotations
 
@@ -104,16 +105,14 @@ class Im2col(Family):
             shared = rows_per_block * chunk * (tiles.pixels + SMEM_PAD) * 4
             check_shared(shared, "tiles.threads", tiles.threads)
             block = (tiles.pixels, rows_per_block, 1)
-            grid = (grid_for(alg.cols, tiles.pixels), grid_for(alg.taps, rows_per_block), 1)
-            chunks = []
-            for start in range(0, spec.c, chunk):
-                width = min(chunk, spec.c - start)
-                chunks.append({"start": start, "channels": width, "loads": -(-width // 4)})
+            chunks = -(-spec.c // chunk)
+            grid = (grid_for(alg.cols, tiles.pixels), grid_for(alg.taps, rows_per_block) * chunks, 1)
             context.update(rows_per_block=rows_per_block, chunk=chunk, chunks=chunks, smem_pad=SMEM_PAD,
-                           vector_store=alg.cols % 4 == 0, pixels=tiles.pixels)
+                           vector_store=alg.cols % 4 == 0, pixels=tiles.pixels,
+                           partial_chunk=spec.c % chunk != 0)
         elif variant == "channels_last":
-            channel_threads = min(8, 1 << (spec.c - 1).bit_length())
-            block = (max(1, tiles.threads // channel_threads), channel_threads, 1)
+            channel_threads = min(8, spec.c)
+            block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
             grid = (grid_for(alg.cols, block[0]), 1, 1)
         else:
             block = (tiles.threads, 1, 1)
