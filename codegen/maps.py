@@ -5,14 +5,21 @@ in the family modules checks the algebra without a GPU (CPU test tier, GPU-less 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from codegen.index import IndexAlgebra, decompose, lambdify
 
 
-def _eval(alg: IndexAlgebra, expr, **values) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def _compiled(expr):
     symbols = sorted(expr.free_symbols, key=str) if hasattr(expr, "free_symbols") else []
-    function = lambdify(symbols, expr)
+    return symbols, lambdify(symbols, expr)
+
+
+def _eval(alg: IndexAlgebra, expr, **values) -> np.ndarray:
+    symbols, function = _compiled(expr)
     result = function(*[values[str(s)] for s in symbols])
     return np.floor(np.asarray(result, dtype=np.float64) + 0.5).astype(np.int64) * np.ones_like(
         next(iter(values.values())), dtype=np.int64)

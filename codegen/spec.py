@@ -174,11 +174,11 @@ class ConvSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SpecError(unknown[0], data[unknown[0]], f"is not a spec field; fields are {', '.join(sorted(known))}")
+            raise SpecError(unknown[0], data[unknown[0]], f"unknown field; the fields are {', '.join(sorted(known))}")
         missing = [f.name for f in dataclasses.fields(cls)
                    if f.name not in data and f.default is dataclasses.MISSING]
         if missing:
-            raise SpecError(missing[0], None, "is required")
+            raise SpecError(missing[0], None, "the field is required")
         return cls(**data)
 
     @classmethod

@@ -67,7 +67,7 @@ class Tiles:
         names = {p.name for p in cls.PARAMS}
         for key in data:
             if key not in names:
-                raise SpecError(f"tiles.{key}", data[key], f"is not a tile of this family; tiles are {', '.join(sorted(names))}")
+                raise SpecError(f"tiles.{key}", data[key], f"unknown tile for this family; its tiles are {', '.join(sorted(names))}")
         return cls(**data)
 
     def describe(self) -> str:

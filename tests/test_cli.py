@@ -1,0 +1,119 @@
+"""The convgen command line, as a user types it."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from codegen.cli import main
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "codegen", *args], capture_output=True, text=True, env=env)
+
+
+def test_help_teaches_with_examples():
+    result = run("--help")
+    assert result.returncode == 0
+    for word in ("generate", "emit", "compile", "run", "fuzz", "bench", "cache", "examples:", "convgen demo"):
+        assert word in result.stdout
+    sub = run("emit", "--help")
+    assert "--dpitch" in sub.stdout and "--tile NAME=VALUE" in sub.stdout and "examples:" in sub.stdout
+
+
+def test_generate_prints_source_for_flags_and_for_a_json_spec(tmp_path, capsys):
+    assert main(["generate", "im2col", "--layout", "NCHW", "--c", "4", "--input", "10", "12", "--filter", "3",
+                 "--stride", "2", "1"]) == 0
+    from_flags = capsys.readouterr().out
+    assert "2D NCHW n=2 c=4 k=8 input=10x12 filter=3x3 stride=2,1" in from_flags
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"dims": 2, "layout": "NCHW", "n": 2, "c": 4, "k": 8, "input_size": [10, 12],
+                                     "filter_size": [3, 3], "stride": [2, 1], "padding": 1, "dilation": 1}))
+    assert main(["generate", "im2col", "--spec", str(spec_file)]) == 0
+    assert capsys.readouterr().out == from_flags
+
+
+def test_compile_reports_key_hit_size_and_resources(cache_dir, capsys):
+    args = ["compile", "col2im", "--tile", "algorithm=scatter", "--arch", "sm_90"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "cache    miss" in first and "registers" in first and "cubin" in first
+    result = run(*args, env={**__import__("os").environ, "CONVGEN_CACHE_DIR": str(cache_dir)})
+    assert "cache    disk" in result.stdout
+    assert main(["cache", "info"]) == 0
+    assert "entries    1" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+
+
+def test_emit_writes_a_file(tmp_path, capsys):
+    out = tmp_path / "k.cu"
+    assert main(["emit", "im2col", "--dpitch", "4", "-o", str(out), "--name", "my_launcher"]) == 0
+    assert "my_launcher" in out.read_text()
+    assert "nvcc -arch=sm_90 -DCONVGEN_SELFTEST" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "im2col", "--tile", "threads"], "--tile='threads' is invalid: must be NAME=VALUE"),
+    (["generate", "im2col", "--tile", "threads=33"], "tiles.threads=33 is invalid"),
+    (["generate", "conv", "--c", "3"], "family='conv' is invalid"),
+    (["compile", "im2col", "--arch", "hopper"], "arch='hopper' is invalid"),
+    (["generate", "im2col", "--dims", "3", "--layout", "nhwc"], "a 3D spec takes NCDHW or NDHWC"),
+    (["generate", "im2col", "--input", "4", "--filter", "9", "--padding", "0"], "output would be empty"),
+])
+def test_user_errors_are_one_line_exit_2(args, message):
+    result = run(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_commands_say_they_need_a_gpu():
+    from codegen.api import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is present")
+    result = run("run", "im2col")
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_fuzz_without_gpu_checks_the_index_maps(capsys):
+    from codegen.api import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is present: fuzz checks kernels")
+    assert main(["fuzz", "col2im", "--examples", "15", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "index maps on the CPU" in out and "no failing spec in 15 examples" in out
+
+
+def test_fuzz_reports_the_smallest_failing_spec_as_a_command(monkeypatch, capsys):
+    """A planted bug (a wrong value whenever the image is wider than 2) shrinks to width 3."""
+    from codegen import fuzz
+
+    def planted(family, spec, seed=0):
+        return fuzz.Mismatch("planted") if spec.input_size[-1] > 2 else None
+
+    monkeypatch.setattr(fuzz, "check_index_maps", planted)
+    found = fuzz.fuzz("im2col", 200, on_gpu=False, seed=3)
+    assert found is not None
+    spec, mismatch = found
+    assert spec.input_size[-1] == 3 and spec.n == 1 and spec.c == 1
+    command = fuzz.spec_command("im2col", spec)
+    assert command.startswith("convgen run im2col --dims")
+    result = run(*command.split()[1:2], *command.split()[2:], "--help")
+    assert result.returncode == 0
+
+
+def test_catalogue_check_passes_on_a_fresh_tree():
+    result = run("catalogue", "--check")
+    assert result.returncode == 0, result.stdout
+
+
+def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
+    from codegen.api import has_gpu
+
+    result = run("demo", "--out", str(tmp_path), env={**__import__("os").environ, "CONVGEN_CACHE_DIR": str(cache_dir)})
+    assert result.returncode == 0, result.stderr
+    assert len(list(tmp_path.glob("*.cu"))) == 6
+    assert ("PASS" in result.stdout) == has_gpu()

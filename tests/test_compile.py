@@ -1,0 +1,155 @@
+"""NVRTC compilation (no GPU needed) and the hash-keyed cache."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from codegen.api import build, plan
+from codegen.compile import KernelCache, cache_key, compile_source, nvrtc_version, options_for
+from codegen.render import render_kernels
+from codegen.spec import ConvSpec
+
+SPECS = {
+    "2d-nchw": ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=1, input_size=(9, 8), filter_size=(3, 2), stride=(2, 1),
+                        padding=1, dilation=(1, 2)),
+    "2d-nhwc": ConvSpec(dims=2, layout="NHWC", n=2, c=3, k=1, input_size=(9, 8), filter_size=3, padding=1),
+    "3d-ncdhw": ConvSpec(dims=3, layout="NCDHW", n=1, c=2, k=1, input_size=(4, 5, 6), filter_size=(2, 3, 3),
+                         stride=(1, 2, 2), padding=(0, 1, 1)),
+    "3d-ndhwc": ConvSpec(dims=3, layout="NDHWC", n=1, c=2, k=1, input_size=(4, 5, 6), filter_size=3, padding=1,
+                         dilation=(2, 1, 1)),
+}
+PITCHES = {"dpitch4": 4, "dpitch8": 8, "dpitch12": 12, "dpitch16": 16, "dpitch20": 20, "dpitch-odd": 7}
+VARIANTS = (
+    [("im2col", name, spec, {"vectorized": False}) for name, spec in SPECS.items()]
+    + [("im2col", f"{dims}-{p}", ConvSpec.from_dict({**SPECS[f"{dims}-{'nhwc' if dims == '2d' else 'ndhwc'}"].to_dict(),
+                                                       "dpitch": v, "c": min(3, v)}), {"vectorized": v % 4 == 0})
+       for dims in ("2d", "3d") for p, v in PITCHES.items()]
+    + [("col2im", f"{name}-{alg}", spec, {"algorithm": alg}) for name, spec in SPECS.items()
+       for alg in ("gather", "scatter")]
+    + [("col2im", "2d-nhwc-pitch40-tiled", ConvSpec.from_dict({**SPECS["2d-nhwc"].to_dict(), "c": 33, "dpitch": 40}),
+        {"algorithm": "gather"})]
+)
+
+
+@pytest.mark.parametrize("family, name, spec, tiles", VARIANTS, ids=[f"{v[0]}-{v[1]}" for v in VARIANTS])
+def test_every_variant_compiles_for_sm90_without_warnings_or_spills(family, name, spec, tiles, cache_dir):
+    kernel = build(family, spec, tiles, arch="sm_90")
+    assert kernel.compiled.warnings == []
+    assert kernel.compiled.cubin[:4] == b"\x7fELF"
+    (resources,) = kernel.compiled.resources.values()
+    assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack_bytes == 0
+
+
+def test_variants_cover_every_kernel_the_families_can_choose():
+    chosen = {plan(f, s, t).variant for f, _, s, t in VARIANTS}
+    assert chosen >= {"channels_first", "channels_last", "vec4", "vec8", "vec12", "vec16", "vec_generic",
+                      "gather_channels_first", "gather_channels_last", "gather_channels_last_tiled", "scatter"}
+
+
+SOURCE = render_kernels(plan("im2col", SPECS["2d-nchw"])).code
+
+
+def test_key_covers_source_options_version_and_arch():
+    version = nvrtc_version()
+    base = cache_key(SOURCE, options_for("sm_90"), version, "sm_90")
+    assert base != cache_key(SOURCE + " ", options_for("sm_90"), version, "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_90") + ("-G",), version, "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_90"), (version[0], version[1] + 1), "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_80"), version, "sm_80")
+
+
+def test_miss_then_memory_hit_then_disk_hit(tmp_path):
+    cache = KernelCache(tmp_path)
+    first = compile_source(SOURCE, arch="sm_90", cache=cache)
+    assert first.source_hit == "miss" and first.compile_seconds > 0
+    assert compile_source(SOURCE, arch="sm_90", cache=cache).source_hit == "memory"
+    fresh = KernelCache(tmp_path)
+    from_disk = compile_source(SOURCE, arch="sm_90", cache=fresh)
+    assert from_disk.source_hit == "disk" and from_disk.cubin == first.cubin
+    assert from_disk.resources == first.resources
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from codegen.compile import KernelCache, compile_source
+    from pathlib import Path
+    source = Path(sys.argv[2]).read_text()
+    kernel = compile_source(source, arch="sm_90", cache=KernelCache(Path(sys.argv[1])))
+    print(kernel.source_hit, kernel.key)
+""")
+
+
+def _child(directory, source_file):
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(source_file)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_new_process_hits_the_disk_cache(tmp_path):
+    source_file = tmp_path / "k.cu"
+    source_file.write_text(SOURCE)
+    first = _child(tmp_path / "c", source_file).communicate()[0].split()
+    second = _child(tmp_path / "c", source_file).communicate()[0].split()
+    assert first[0] == "miss" and second == ["disk", first[1]]
+
+
+def test_two_processes_compiling_at_once_both_succeed_and_leave_one_valid_entry(tmp_path):
+    source_file = tmp_path / "k.cu"
+    source_file.write_text(SOURCE + "// concurrent\n")
+    children = [_child(tmp_path / "c", source_file) for _ in range(2)]
+    outputs = [child.communicate() for child in children]
+    assert all(child.returncode == 0 for child in children), outputs
+    keys = {out.split()[1] for out, _ in outputs}
+    entries = list((tmp_path / "c").iterdir())
+    assert len(keys) == 1 and [p.name for p in entries] == [f"{keys.pop()}.cubin"]
+    assert KernelCache(tmp_path / "c").read_disk(entries[0].stem) is not None
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_a_damaged_entry_is_rebuilt_not_loaded(tmp_path, damage):
+    cache = KernelCache(tmp_path)
+    good = compile_source(SOURCE, arch="sm_90", cache=cache)
+    entry = tmp_path / f"{good.key}.cubin"
+    blob = bytearray(entry.read_bytes())
+    if damage == "flip":
+        blob[len(blob) // 2] ^= 0x01
+    elif damage == "truncate":
+        blob = blob[: len(blob) // 2]
+    else:
+        blob = bytearray()
+    entry.write_bytes(bytes(blob))
+    rebuilt = compile_source(SOURCE, arch="sm_90", cache=KernelCache(tmp_path))
+    assert rebuilt.source_hit == "miss" and rebuilt.cubin == good.cubin
+    assert KernelCache(tmp_path).read_disk(good.key) is not None
+
+
+def test_an_unwritable_directory_falls_back_to_memory_with_one_warning(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = KernelCache(blocker / "cache")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compile_source(SOURCE, arch="sm_90", cache=cache)
+        compile_source(SOURCE + "//2\n", arch="sm_90", cache=cache)
+    assert len([w for w in caught if "caching in memory only" in str(w.message)]) == 1
+    assert compile_source(SOURCE, arch="sm_90", cache=cache).source_hit == "memory"
+
+
+def test_cache_dir_comes_from_the_environment_and_info_clear_work(cache_dir):
+    from codegen.compile import default_cache
+
+    compile_source(SOURCE + "//env\n", arch="sm_90")
+    info = default_cache().info()
+    assert info["directory"] == str(cache_dir) and info["entries"] >= 1
+    assert default_cache().clear() >= 1
+    assert default_cache().info()["entries"] == 0
+
+
+def test_compile_errors_carry_the_nvrtc_log():
+    from codegen.compile import CompileError
+
+    with pytest.raises(CompileError, match="identifier \"undefined_name\" is undefined"):
+        compile_source("extern \"C\" __global__ void k() { undefined_name = 1; }", arch="sm_90",
+                       cache=KernelCache(None))

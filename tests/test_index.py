@@ -1,0 +1,127 @@
+"""The sympy index maps, evaluated with numpy, against the slicing references (no GPU)."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from codegen import index
+from codegen.fuzz import check_index_maps, specs
+from codegen.index import IndexAlgebra, bounds_check
+from codegen.spec import ConvSpec
+
+
+@given(spec=specs(dims=2), seed=st.integers(0, 2**16))
+def test_im2col_maps_2d(spec, seed):
+    assert check_index_maps("im2col", spec, seed) is None
+
+
+@given(spec=specs(dims=3, max_size=10), seed=st.integers(0, 2**16))
+def test_im2col_maps_3d(spec, seed):
+    assert check_index_maps("im2col", spec, seed) is None
+
+
+@given(spec=specs(dims=2), seed=st.integers(0, 2**16))
+def test_col2im_maps_2d(spec, seed):
+    assert check_index_maps("col2im", spec, seed) is None
+
+
+@given(spec=specs(dims=3, max_size=10), seed=st.integers(0, 2**16))
+def test_col2im_maps_3d(spec, seed):
+    assert check_index_maps("col2im", spec, seed) is None
+
+
+EDGE_SPECS = [
+    ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 1), filter_size=(1, 1)),
+    ConvSpec(dims=2, layout="NHWC", n=1, c=1, k=1, input_size=(1, 1), filter_size=(3, 3), padding=1),
+    ConvSpec(dims=2, layout="NCHW", n=2, c=2, k=1, input_size=(9, 7), filter_size=(2, 2), stride=(5, 3)),
+    ConvSpec(dims=3, layout="NDHWC", n=1, c=3, k=1, input_size=(1, 4, 5), filter_size=(1, 2, 3), stride=(1, 3, 4),
+             padding=(0, 2, 1), dilation=(1, 2, 1), dpitch=7),
+    ConvSpec(dims=3, layout="NCDHW", n=2, c=2, k=1, input_size=(3, 3, 3), filter_size=(3, 3, 3), padding=2,
+             dilation=2),
+]
+
+
+@pytest.mark.parametrize("spec", EDGE_SPECS, ids=lambda s: s.describe())
+@pytest.mark.parametrize("family", ["im2col", "col2im"])
+def test_edge_cases_sizes_of_one_and_strides_larger_than_the_filter(family, spec):
+    assert check_index_maps(family, spec) is None
+
+
+def brute_output_size(size, f, s, p, d):
+    return sum(1 for o in range(size + 2 * p + 1) if o * s + d * (f - 1) <= size + 2 * p - 1)
+
+
+@given(size=st.integers(1, 40), f=st.integers(1, 6), s=st.integers(1, 5), p=st.integers(0, 4), d=st.integers(1, 4))
+def test_output_size_matches_counting_windows(size, f, s, p, d):
+    if d * (f - 1) + 1 > size + 2 * p:
+        return
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(size, 1), filter_size=(f, 1), stride=(s, 1),
+                    padding=(p, 0), dilation=(d, 1))
+    assert spec.output_size[0] == brute_output_size(size, f, s, p, d)
+
+
+@given(spec=specs(dims=2, max_size=9))
+def test_pruned_bounds_checks_are_sound(spec):
+    """Every bounds-check side left out of the C condition really can never fail."""
+    alg = IndexAlgebra(spec)
+    condition = bounds_check(alg)
+    for j in range(spec.dims):
+        coords = [o * spec.stride[j] - spec.padding[j] + k * spec.dilation[j]
+                  for o, k in itertools.product(range(alg.out_size[j]), range(spec.filter_size[j]))]
+        if f"i{j} >= 0" not in condition:
+            assert min(coords) >= 0
+        if f"i{j} < {spec.input_size[j]}" not in condition:
+            assert max(coords) < spec.input_size[j]
+
+
+def test_index_type_is_proved_from_the_largest_index():
+    small = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=1, input_size=(32, 32), filter_size=(3, 3), padding=1)
+    assert IndexAlgebra(small).index_type() == "int"
+    assert IndexAlgebra(small).largest_index() == 27 * 2048 - 1
+    # conv4 of the benchmark at batch 128: a 3136 x 1,520,768 column matrix (4.8e9 elements).
+    large = ConvSpec(dims=2, layout="NCHW", n=128, c=64, k=64, input_size=(224, 224), filter_size=(7, 7), stride=2)
+    alg = IndexAlgebra(large)
+    assert alg.rows * alg.cols > 2**31
+    assert alg.largest_index() == alg.rows * alg.cols - 1
+    assert alg.index_type() == "long long"
+
+
+def test_index_type_counts_the_padded_thread_grid():
+    """A buffer just under 2^31 elements still needs 64 bits when the rounded-up grid passes 2^31."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 2**31 - 1), filter_size=(1, 1))
+    alg = IndexAlgebra(spec)
+    assert alg.index_type() == "int"
+    assert alg.index_type(padded_threads=2**31 + 255) == "long long"
+
+
+def test_max_over_box_refuses_what_it_cannot_prove():
+    import sympy
+
+    x = sympy.Symbol("x", integer=True, nonnegative=True)
+    assert index.max_over_box(3 * x + 2, {x: 4}) == 14
+    with pytest.raises(ValueError, match="negative coefficients"):
+        index.max_over_box(5 - x, {x: 4})
+
+
+def test_printed_c_uses_integer_division_and_folded_constants():
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=3, k=1, input_size=(8, 10), filter_size=(3, 3), stride=2,
+                    padding=1, dpitch=4)
+    alg = IndexAlgebra(spec)
+    assert [index.to_c(e) for e in alg.col_coords] == ["((col) / 20)", "((((col) / 5)) % 4)", "((col) % 5)"]
+    assert index.to_c(alg.x_offset) == "c + 40*i0 + 4*i1 + 320*n"
+    assert index.to_c(alg.row_of) == "c + 3*kk"
+    assert "." not in "".join(index.to_c(e) for e in alg.col_coords + alg.tap_coords)
+
+
+def test_lambdified_maps_agree_with_python_integer_arithmetic():
+    spec = ConvSpec(dims=3, layout="NCDHW", n=2, c=3, k=1, input_size=(4, 5, 6), filter_size=(2, 2, 3), stride=(1, 2, 1))
+    alg = IndexAlgebra(spec)
+    coords = [index.lambdify([alg.col], e) for e in alg.col_coords]
+    extents = (spec.n, *alg.out_size)
+    for col in range(alg.cols):
+        expected = np.unravel_index(col, extents)
+        assert [int(f(col)) for f in coords] == [int(v) for v in expected]
+    assert alg.cols == math.prod(extents)

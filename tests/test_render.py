@@ -1,0 +1,57 @@
+"""Rendering: deterministic, self-describing, strict about missing context."""
+import subprocess
+import sys
+
+import jinja2
+import pytest
+
+from codegen import __version__
+from codegen.api import plan
+from codegen.render import environment, render, render_kernels
+from codegen.spec import ConvSpec
+
+SPEC = ConvSpec(dims=3, layout="NDHWC", n=2, c=5, k=4, input_size=(4, 6, 7), filter_size=(2, 3, 3), stride=(1, 2, 1),
+                padding=(0, 1, 1), dilation=(1, 1, 2), dpitch=8)
+
+
+@pytest.mark.parametrize("family, tiles", [("im2col", None), ("im2col", {"vectorized": False}),
+                                           ("col2im", {"algorithm": "gather"}), ("col2im", {"algorithm": "scatter"})])
+def test_same_inputs_render_byte_identical_source(family, tiles):
+    first = render_kernels(plan(family, SPEC, tiles)).code
+    assert render_kernels(plan(family, SPEC, tiles)).code == first
+    code = (f"from codegen.api import plan; from codegen.render import render_kernels; from codegen.spec import ConvSpec; "
+            f"import sys; sys.stdout.write(render_kernels(plan({family!r}, ConvSpec.from_dict({SPEC.to_dict()!r}), "
+            f"{tiles!r})).code)")
+    other_process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert other_process == first
+
+
+def test_header_echoes_spec_tiles_version_and_index_type():
+    kernel_plan = plan("im2col", SPEC)
+    code = render_kernels(kernel_plan).code
+    header = code.split("\n\n")[0]
+    assert f"convgen {__version__}" in header
+    assert SPEC.describe() in header
+    assert kernel_plan.tiles.describe() in header
+    assert "index type: int" in header
+    assert kernel_plan.launches[0].kernel in header
+
+
+def test_different_specs_render_different_kernel_names():
+    other = ConvSpec.from_dict({**SPEC.to_dict(), "n": 3})
+    assert plan("im2col", SPEC).launches[0].kernel != plan("im2col", other).launches[0].kernel
+
+
+def test_missing_context_is_an_error_not_an_empty_string():
+    kernel_plan = plan("im2col", SPEC)
+    broken = type(kernel_plan)(**{**kernel_plan.__dict__, "context": {k: v for k, v in kernel_plan.context.items()
+                                                                       if k != "cols"}})
+    with pytest.raises(jinja2.UndefinedError, match="cols"):
+        render(broken)
+    assert environment().undefined is jinja2.StrictUndefined
+
+
+def test_generated_source_is_tidy():
+    code = render_kernels(plan("col2im", SPEC)).code
+    assert "\n\n\n" not in code and code.endswith("\n") and not code.startswith("\n")
+    assert all(line == line.rstrip() for line in code.splitlines())

@@ -1,0 +1,123 @@
+"""Validation: every class of bad input raises SpecError naming the field, the value and what is allowed."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from codegen.api import plan
+from codegen.spec import ConvSpec, Layout, SpecError
+
+GOOD = dict(dims=2, layout="NHWC", n=2, c=3, k=8, input_size=(32, 32), filter_size=(3, 3), stride=1, padding=1,
+            dilation=1, dpitch=None, dtype="float32")
+
+
+def make(**changes):
+    return ConvSpec(**{**GOOD, **changes})
+
+
+BAD_SPECS = [
+    ({"dims": 4}, "dims", "2 or 3"),
+    ({"dims": True}, "dims", "2 or 3"),
+    ({"layout": "NWHC"}, "layout", "one of"),
+    ({"layout": "NDHWC"}, "layout", "2D spec takes NCHW or NHWC"),
+    ({"dims": 3, "layout": "NHWC", "input_size": 8, "filter_size": 3}, "layout", "3D spec takes NCDHW or NDHWC"),
+    ({"n": 0}, "n", ">= 1"),
+    ({"c": -3}, "c", ">= 1"),
+    ({"k": 2.5}, "k", "integer"),
+    ({"input_size": (32, 0)}, "input_size[1]", ">= 1"),
+    ({"input_size": (32, 32, 32)}, "input_size", "needs 2 entries"),
+    ({"filter_size": (0, 3)}, "filter_size[0]", ">= 1"),
+    ({"stride": 0}, "stride", ">= 1"),
+    ({"padding": -1}, "padding", ">= 0"),
+    ({"dilation": (1, 0)}, "dilation[1]", ">= 1"),
+    ({"filter_size": (3, 40), "padding": 1}, "filter_size", "output would be empty"),
+    ({"filter_size": 5, "dilation": 9, "padding": 0}, "filter_size", "dilated filter spans 37"),
+    ({"dpitch": 2}, "dpitch", ">= c (3)"),
+    ({"layout": "NCHW", "dpitch": 4}, "dpitch", "channels-last"),
+    ({"dtype": "float64"}, "dtype", "one of"),
+    ({"dtype": "float16"}, "dtype", "only float32"),
+]
+
+
+@pytest.mark.parametrize("changes, field, allowed", BAD_SPECS, ids=[b[1] + ":" + b[2][:18] for b in BAD_SPECS])
+def test_bad_spec_names_field_value_and_allowed(changes, field, allowed):
+    with pytest.raises(SpecError) as info:
+        make(**changes)
+    assert info.value.field == field
+    assert allowed in str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert f"{field}=" in str(info.value)
+
+
+def test_good_spec_normalises_and_round_trips():
+    spec = make(stride=(2, 1), layout=Layout.NHWC, dpitch=4)
+    assert spec.stride == (2, 1) and spec.padding == (1, 1) and spec.layout is Layout.NHWC
+    assert spec.output_size == (16, 32)
+    assert ConvSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_from_dict_rejects_unknown_and_missing_fields():
+    with pytest.raises(SpecError, match="strides=1 is invalid: unknown field; the fields are c, dilation"):
+        ConvSpec.from_dict({**GOOD, "strides": 1})
+    data = dict(GOOD)
+    del data["c"]
+    with pytest.raises(SpecError, match="c=None is invalid: the field is required"):
+        ConvSpec.from_dict(data)
+
+
+def test_from_json_reports_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(SpecError, match="could not be read"):
+        ConvSpec.from_json(str(tmp_path / "missing.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON"):
+        ConvSpec.from_json(str(broken))
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(SpecError, match="JSON object"):
+        ConvSpec.from_json(str(listed))
+
+
+BAD_TILES = [
+    ("im2col", {"threads": 2048}, "tiles.threads", "[32, 1024]"),
+    ("im2col", {"threads": 100}, "tiles.threads", "multiple of 32"),
+    ("im2col", {"vectorized": "yes"}, "tiles.vectorized", "True, False"),
+    ("im2col", {"unroll": 4}, "tiles.unroll", "unknown tile for this family"),
+    ("col2im", {"algorithm": "atomic"}, "tiles.algorithm", "'gather', 'scatter'"),
+]
+
+
+@pytest.mark.parametrize("family, tiles, field, allowed", BAD_TILES, ids=[b[2] + ":" + b[3][:12] for b in BAD_TILES])
+def test_bad_tiles(family, tiles, field, allowed):
+    with pytest.raises(SpecError) as info:
+        plan(family, make(), tiles)
+    assert info.value.field == field and allowed in str(info.value)
+
+
+def test_tiles_over_the_shared_memory_limit_are_refused_before_compiling():
+    spec = make(c=64, dpitch=64)
+    with pytest.raises(SpecError, match="shared memory; at most 49152"):
+        plan("im2col", spec, {"threads": 1024, "pixels": 64})
+
+
+def test_vectorised_im2col_needs_a_pitch_multiple_of_four():
+    with pytest.raises(SpecError, match="multiple of 4.*pitch 3"):
+        plan("im2col", make(), {"vectorized": True})
+
+
+def test_unknown_family_and_bad_arch():
+    from codegen.compile import resolve_arch
+
+    with pytest.raises(SpecError, match="family='conv'.*im2col, col2im"):
+        plan("conv", make())
+    with pytest.raises(SpecError, match="arch='90'"):
+        resolve_arch("90")
+
+
+def test_cli_prints_one_line_and_exits_2_without_traceback():
+    result = subprocess.run([sys.executable, "-m", "codegen", "generate", "im2col", "--c", "3", "--dpitch", "2"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "convgen: error: dpitch=2 is invalid: must be >= c (3)"
+    assert "Traceback" not in result.stderr
