@@ -376,6 +376,7 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
         "pixel_offset": to_c(alg.pixel_linear * spec.pitch),
         "pixel_channel_offset": to_c(alg.pix * spec.pitch + alg.c),
         "row_of": to_c(alg.row_of),
+        "row_of_taps": to_c(alg.row_of.subs(alg.kk, alg.tap_linear)),
         "row_coords": [to_c(e) for e in alg.row_coords],
         "pixel_coords": [to_c(e) for e in alg.pixel_coords],
         "image_coords": [to_c(e) for e in alg.image_coords],

@@ -27,9 +27,9 @@ def test_im2col_scalar_variants(spec, seed):
 
 
 @GPU
-@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW)), seed=st.integers(0, 2**16))
-def test_im2col_channels_first(spec, seed):
-    _assert_matches("im2col", spec, None, seed)
+@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW)), seed=st.integers(0, 2**16), split=st.booleans())
+def test_im2col_channels_first(spec, seed, split):
+    _assert_matches("im2col", spec, {"split_outer_tap": split}, seed)
 
 
 @GPU

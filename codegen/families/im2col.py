@@ -17,6 +17,7 @@ Variants:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,6 +29,7 @@ from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
 
 VECTOR_CHUNK = 16
+SPLIT_TAPS = 16
 SMEM_PAD = 4
 
 
@@ -36,6 +38,7 @@ class Im2colTiles(Tiles):
     threads: int = 256
     vectorized: bool = True
     pixels: int = 128
+    split_outer_tap: bool = False
 
     PARAMS: ClassVar = (
         TileParam("threads", "threads per block", minimum=32, maximum=1024, multiple_of=32),
@@ -43,6 +46,8 @@ class Im2colTiles(Tiles):
                   choices=(True, False)),
         TileParam("pixels", "columns per block of the float4 kernel (DECX uses 128)",
                   minimum=32, maximum=512, multiple_of=32),
+        TileParam("split_outer_tap", "channels-first: one thread per (channel, outermost filter tap, column) "
+                  "instead of per (channel, column), for large filters", choices=(True, False)),
     )
 
 
@@ -81,7 +86,12 @@ class Im2col(Family):
     summary = "image -> column matrix (incl. the DECX dpitch float4 kernels)"
 
     def default_tiles(self, spec: ConvSpec) -> Im2colTiles:
-        return Im2colTiles(vectorized=vector_eligible(spec))
+        """float4 kernel whenever the pitch allows; large channels-first filters (more than 16 taps,
+        e.g. 7x7 or 11x11) spread their outermost filter axis over threads, giving each thread
+        fewer sequential stores and the grid more blocks to balance."""
+        taps = math.prod(spec.filter_size)
+        return Im2colTiles(vectorized=vector_eligible(spec),
+                           split_outer_tap=not spec.layout.channels_last and taps > SPLIT_TAPS)
 
     def variant(self, spec: ConvSpec, tiles: Im2colTiles) -> str:
         if spec.layout.channels_last and tiles.vectorized:
@@ -106,8 +116,12 @@ class Im2col(Family):
             check_shared(shared, "tiles.threads", tiles.threads)
             block = (tiles.pixels, rows_per_block, 1)
             chunks = -(-spec.c // chunk)
-            grid = (grid_for(alg.cols, tiles.pixels), grid_for(alg.taps, rows_per_block) * chunks, 1)
+            # 1D grid, (tap group, chunk) fastest: the blocks that read the same pixels run together,
+            # so each pixel comes from DRAM once and from L2 after that.
+            row_blocks = grid_for(alg.taps, rows_per_block) * chunks
+            grid = (grid_for(alg.cols, tiles.pixels) * row_blocks, 1, 1)
             context.update(rows_per_block=rows_per_block, chunk=chunk, chunks=chunks, smem_pad=SMEM_PAD,
+                           row_blocks=row_blocks,
                            vector_store=alg.cols % 4 == 0, pixels=tiles.pixels,
                            partial_chunk=spec.c % chunk != 0)
         elif variant == "channels_last":
@@ -115,8 +129,14 @@ class Im2col(Family):
             block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
             grid = (grid_for(alg.cols, block[0]), 1, 1)
         else:
+            outer = spec.filter_size[0] if tiles.split_outer_tap else 1
             block = (tiles.threads, 1, 1)
-            grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
+            grid = (grid_for(spec.c * outer * alg.cols, tiles.threads), 1, 1)
+            inner = spec.filter_size[1:]
+            context.update(
+                split=tiles.split_outer_tap, outer_taps=outer, inner_taps=math.prod(inner),
+                split_thread_coords=[index.to_c(e) for e in index.decompose(alg.t, (spec.c, outer, alg.cols))],
+                inner_tap_coords=[index.to_c(e) for e in index.decompose(alg.kk, inner)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
         launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
         padded_threads = launch.threads
