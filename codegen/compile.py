@@ -1,6 +1,6 @@
 """NVRTC compilation through CuPy, with a hash-keyed cubin cache in memory and on disk.
 
-The key is sha256 over the source, the options, the NVRTC version and the architecture, so a
+The key is sha256 over the source, the options, the NVRTC build and the architecture, so a
 cached binary can only be served for exactly the input that produced it.  Disk entries carry a
 sha256 of their payload and are written to a temporary file then renamed, so a half-written or
 altered entry is detected, rebuilt and replaced instead of loaded.  NVRTC needs no GPU: compiling
@@ -9,7 +9,9 @@ to cubin works on any machine with the NVRTC library.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -59,6 +61,21 @@ def nvrtc_version() -> tuple[int, int]:
     return tuple(nvrtc.getVersion())
 
 
+@functools.lru_cache(maxsize=1)
+def compiler_fingerprint() -> str:
+    """Which NVRTC compiles, for the cache key.
+
+    The pip wheel's exact version (e.g. 13.0.88) is read from its metadata, which costs
+    microseconds; loading the library just to ask it (what a bare ``getVersion`` needs) costs
+    ~200 ms and would make a disk hit in a new process slower than compiling.  Without the wheel
+    (a system toolkit) the library is loaded and asked."""
+    try:
+        return "nvidia-cuda-nvrtc " + importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        major, minor = nvrtc_version()
+        return f"nvrtc {major}.{minor}"
+
+
 def device_arch() -> str | None:
     """``sm_XY`` of the current device, or None when there is no usable GPU."""
     try:
@@ -86,9 +103,9 @@ def options_for(arch: str) -> tuple[str, ...]:
     return (f"-arch={arch}", *BASE_OPTIONS)
 
 
-def cache_key(source: str, options: tuple[str, ...], version: tuple[int, int], arch: str) -> str:
+def cache_key(source: str, options: tuple[str, ...], compiler: str, arch: str) -> str:
     digest = hashlib.sha256()
-    for part in (source, "\0".join(options), f"{version[0]}.{version[1]}", arch):
+    for part in (source, "\0".join(options), compiler, arch):
         digest.update(part.encode())
         digest.update(b"\x00\xff")
     return digest.hexdigest()
@@ -268,7 +285,7 @@ def compile_source(source: str, name: str = "convgen.cu", arch: str | None = Non
     cache = cache or default_cache()
     arch = resolve_arch(arch)
     options = options_for(arch)
-    key = cache_key(source, options, nvrtc_version(), arch)
+    key = cache_key(source, options, compiler_fingerprint(), arch)
     hit = cache.get_memory(key)
     if hit is not None:
         return dataclasses.replace(hit, source_hit="memory", compile_seconds=0.0)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# One device call: the GPU test tier, a compute-sanitizer pass, the demo and the benchmarks.
-# Full logs go to $OUT (or ./gpu-out); a short summary table is printed last.
-# Usage (repo root): bash scripts/gpu_tier.sh [quick|full]   (full: 300 examples per property test)
+# One device call: the GPU test tier, a compute-sanitizer pass, the demo, the emitted self-tests
+# and the benchmarks.  Logs are packed into $OUT/logs.tgz (or ./gpu-out), benchmark JSON and PNG
+# stay beside it, and a short summary is printed last.
+# Usage (repo root): bash scripts/gpu_tier.sh [quick|tests|bench|full]
+#   quick: 30 examples per property test, no benchmarks; tests: 300 examples, no benchmarks;
+#   bench: sanitizer, demo, self-tests and benchmarks only; full: everything.
 set -u
 mode=${1:-full}
 out=${OUT:-gpu-out}
+logs=$(mktemp -d)
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
@@ -14,24 +18,41 @@ summary=()
 step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and wall time
     local name=$1 log=$2; shift 2
     local start=$SECONDS
-    "$@" >"$out/$log" 2>&1
+    "$@" >"$logs/$log" 2>&1
     local rc=$?
-    summary+=("$(printf '%-34s rc=%-3s %5ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(tail -n 1 "$out/$log" | cut -c1-90)")")
+    summary+=("$(printf '%-30s rc=%-3s %5ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(tail -n 1 "$logs/$log" | cut -c1-100)")")
     return $rc
 }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$out/device.txt" 2>&1
-step "pytest -m gpu ($examples ex.)" gpu-tests.log python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py --hypothesis-show-statistics
-step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python3 -m codegen demo --out /tmp/demo-san
-step "demo" demo.log python3 -m codegen demo --out /tmp/demo
-step "emitted self-tests (nvcc)" selftest.log bash -c 'for f in /tmp/demo/*.cu; do nvcc -arch=sm_90 -DCONVGEN_SELFTEST "$f" -o /tmp/st && /tmp/st || exit 1; done'
-if [ "$mode" != quick ]; then
-    step "bench im2col" bench-im2col.log python3 -m codegen bench im2col --out "$out"
-    step "bench col2im gather" bench-col2im.log python3 -m codegen bench col2im --out "$out"
+gpu_tests() {  # each GPU test in its own process, 6 at a time: NVRTC compiles per example dominate
+    python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider tests/test_gpu.py | grep '::' >"$logs/gpu-ids.txt"
+    xargs -P 6 -I{} sh -c 'python3 -m pytest -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
+        >"$2/gpu-$(echo "$1" | tr -c "A-Za-z0-9_\n" "_").log" 2>&1' _ {} "$logs" <"$logs/gpu-ids.txt"
+    local passed failed
+    passed=$(cat "$logs"/gpu-tests_*.log | grep -o -E '^[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+    failed=$(grep -l -E '[0-9]+ (failed|error)' "$logs"/gpu-tests_*.log | wc -l)
+    grep -h -E '^tests/|passing examples' "$logs"/gpu-tests_*.log
+    echo "$passed passed, $failed failed (tests), $examples examples per property test"
+    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$logs/device.txt" 2>&1
+if [ "$mode" != bench ]; then
+    step "pytest -m gpu" gpu-tests.log gpu_tests
 fi
-echo; echo "== demo"; cat "$out/demo.log"
+if [ "$mode" != tests ]; then
+    step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 -m codegen demo --out /tmp/demo-san
+    step "demo" demo.log python3 -m codegen demo --out /tmp/demo
+    step "emitted self-tests (nvcc)" selftest.log bash -c \
+        'for f in /tmp/demo/*.cu; do nvcc -arch=sm_90 -DCONVGEN_SELFTEST "$f" -o /tmp/st && /tmp/st || exit 1; done'
+fi
+if [ "$mode" = full ] || [ "$mode" = bench ]; then
+    step "bench im2col" bench-im2col.log python3 -m codegen bench im2col --out "$out"
+    step "bench col2im (gather)" bench-col2im.log python3 -m codegen bench col2im --out "$out"
+fi
+tar czf "$out/logs.tgz" -C "$logs" .
+[ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
 for f in bench-im2col.log bench-col2im.log; do
-    [ -f "$out/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$out/$f"; }
+    [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
-echo; echo "== GPU tier summary ($mode)"; cat "$out/device.txt"
+echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"
 printf '%s\n' "${summary[@]}"

@@ -8,7 +8,8 @@ import warnings
 import pytest
 
 from codegen.api import build, plan
-from codegen.compile import KernelCache, cache_key, compile_source, nvrtc_version, options_for
+from codegen.compile import (KernelCache, cache_key, compile_source, compiler_fingerprint, nvrtc_version,
+                              options_for)
 from codegen.render import render_kernels
 from codegen.spec import ConvSpec
 
@@ -52,13 +53,18 @@ def test_variants_cover_every_kernel_the_families_can_choose():
 SOURCE = render_kernels(plan("im2col", SPECS["2d-nchw"])).code
 
 
-def test_key_covers_source_options_version_and_arch():
-    version = nvrtc_version()
-    base = cache_key(SOURCE, options_for("sm_90"), version, "sm_90")
-    assert base != cache_key(SOURCE + " ", options_for("sm_90"), version, "sm_90")
-    assert base != cache_key(SOURCE, options_for("sm_90") + ("-G",), version, "sm_90")
-    assert base != cache_key(SOURCE, options_for("sm_90"), (version[0], version[1] + 1), "sm_90")
-    assert base != cache_key(SOURCE, options_for("sm_80"), version, "sm_80")
+def test_key_covers_source_options_compiler_and_arch():
+    compiler = compiler_fingerprint()
+    base = cache_key(SOURCE, options_for("sm_90"), compiler, "sm_90")
+    assert base != cache_key(SOURCE + " ", options_for("sm_90"), compiler, "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_90") + ("-G",), compiler, "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_90"), compiler + ".1", "sm_90")
+    assert base != cache_key(SOURCE, options_for("sm_80"), compiler, "sm_80")
+
+
+def test_compiler_fingerprint_names_the_nvrtc_that_compiles():
+    major, minor = nvrtc_version()
+    assert f" {major}.{minor}" in compiler_fingerprint()
 
 
 def test_miss_then_memory_hit_then_disk_hit(tmp_path):
