@@ -68,10 +68,8 @@ static float reference_at(const float* col_in, long long e)
     const long long i0 = ((((t) / 227)) % 227);
     const long long i1 = ((t) % 227);
     float sum = 0.0f;
-    #pragma unroll 1
     for (idx_t o0 = ((i0 - 10) > 0 ? ((i0 - 10) + 3) / 4 : 0); o0 <= convgen_min((idx_t)54, (idx_t)((i0) / 4)); ++o0) {
         const int k0 = (int)(i0 - 4*o0);
-        #pragma unroll 1
         for (idx_t o1 = ((i1 - 10) > 0 ? ((i1 - 10) + 3) / 4 : 0); o1 <= convgen_min((idx_t)54, (idx_t)((i1) / 4)); ++o1) {
             const int k1 = (int)(i1 - 4*o1);
             const int kk = 11*k0 + k1;

@@ -32,10 +32,8 @@ convgen_col2im_gather_channels_first_96db13c293(const float* __restrict__ col_in
     const idx_t i0 = ((((t) / 227)) % 227);
     const idx_t i1 = ((t) % 227);
     float sum = 0.0f;
-    #pragma unroll 1
     for (idx_t o0 = ((i0 - 6) > 0 ? ((i0 - 6) + 1) / 2 : 0); o0 <= convgen_min((idx_t)110, (idx_t)((i0) / 2)); ++o0) {
         const int k0 = (int)(i0 - 2*o0);
-        #pragma unroll 1
         for (idx_t o1 = ((i1 - 6) > 0 ? ((i1 - 6) + 1) / 2 : 0); o1 <= convgen_min((idx_t)110, (idx_t)((i1) / 2)); ++o1) {
             const int k1 = (int)(i1 - 2*o1);
             const int kk = 7*k0 + k1;
@@ -67,10 +65,8 @@ static float reference_at(const float* col_in, long long e)
     const long long i0 = ((((t) / 227)) % 227);
     const long long i1 = ((t) % 227);
     float sum = 0.0f;
-    #pragma unroll 1
     for (idx_t o0 = ((i0 - 6) > 0 ? ((i0 - 6) + 1) / 2 : 0); o0 <= convgen_min((idx_t)110, (idx_t)((i0) / 2)); ++o0) {
         const int k0 = (int)(i0 - 2*o0);
-        #pragma unroll 1
         for (idx_t o1 = ((i1 - 6) > 0 ? ((i1 - 6) + 1) / 2 : 0); o1 <= convgen_min((idx_t)110, (idx_t)((i1) / 2)); ++o1) {
             const int k1 = (int)(i1 - 2*o1);
             const int kk = 7*k0 + k1;

@@ -40,10 +40,8 @@ convgen_col2im_gather_channels_last_tiled_18b7199139(const float* __restrict__ c
             const int c = first_channel + threadIdx.y + 8 * r;
             float sum = 0.0f;
             if (c < 64) {
-                #pragma unroll 1
                 for (idx_t o0 = ((i0 - 6) > 0 ? ((i0 - 6) + 1) / 2 : 0); o0 <= convgen_min((idx_t)108, (idx_t)((i0) / 2)); ++o0) {
                     const int k0 = (int)(i0 - 2*o0);
-                    #pragma unroll 1
                     for (idx_t o1 = ((i1 - 6) > 0 ? ((i1 - 6) + 1) / 2 : 0); o1 <= convgen_min((idx_t)108, (idx_t)((i1) / 2)); ++o1) {
                         const int k1 = (int)(i1 - 2*o1);
                         const int kk = 7*k0 + k1;
@@ -90,10 +88,8 @@ static float reference_at(const float* col_in, long long e)
     const long long i1 = ((pix) % 224);
     if (c >= 64) return 0.0f;
     float sum = 0.0f;
-    #pragma unroll 1
     for (idx_t o0 = ((i0 - 6) > 0 ? ((i0 - 6) + 1) / 2 : 0); o0 <= convgen_min((idx_t)108, (idx_t)((i0) / 2)); ++o0) {
         const int k0 = (int)(i0 - 2*o0);
-        #pragma unroll 1
         for (idx_t o1 = ((i1 - 6) > 0 ? ((i1 - 6) + 1) / 2 : 0); o1 <= convgen_min((idx_t)108, (idx_t)((i1) / 2)); ++o1) {
             const int k1 = (int)(i1 - 2*o1);
             const int kk = 7*k0 + k1;
