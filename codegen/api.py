@@ -95,9 +95,20 @@ class Kernel:
         device_id = result.device.id
         if self.plan.zero_output:
             cupy.cuda.runtime.memsetAsync(result.data.ptr, 0, result.nbytes, stream.ptr)
+        by_name = {b.name: a for b, a in zip(self.plan.buffers, (*arrays, result))}
+        for symbol, buffer_name in self.plan.constants:
+            source = by_name[buffer_name]
+            target = self._global(device_id, symbol)
+            target.copy_from_device_async(source.data, source.nbytes, stream)
         for launch in self.plan.launches:
             function = self._function(device_id, launch.kernel)
-            function(launch.grid, launch.block, (*arrays, result), shared_mem=launch.shared_bytes, stream=stream)
+            args = tuple(by_name[b.name] for b in self.plan.launch_args(launch))
+            function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes, stream=stream)
+
+    def _global(self, device_id: int, symbol: str):
+        """The device address of a ``__constant__`` symbol of the loaded module."""
+        self._function(device_id, self.plan.launches[0].kernel)
+        return self._functions[device_id]["module"].get_global_var(symbol)
 
 
 def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> Kernel:

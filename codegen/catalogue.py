@@ -1,7 +1,7 @@
 """The catalogue in generated/: standalone files for the benchmark layers, kept fresh by a test.
 
-Each entry is emitted with batch 128 (the benchmark's) for both 2D layouts, so a project can take
-the file for its layer and build it with plain nvcc.
+Each entry is emitted for the benchmark's own shapes (batch 128 for the twelve layers), so a
+project can take the file for its layer and build it with plain nvcc.
 """
 from __future__ import annotations
 
@@ -35,9 +35,22 @@ class Entry:
         return emit_source(self.family, self.spec, self.tiles, self.launcher, self.path.name)
 
 
+DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache")
+
+
 def entries() -> list[Entry]:
+    """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
+    variant) and the 3D layers (both layouts, default tiles)."""
+    shapes = load_shapes()
     found = []
-    for layer in load_shapes()["conv2d_mec"]:
+    for layer in shapes["filter2d"]:
+        spec = layer_spec(layer, "NCHW", layer["N"])
+        for variant in DIRECT_VARIANTS:
+            found.append(Entry("direct", f"{layer['name']}_{variant}", spec, {"variant": variant}))
+    for layer in shapes["conv3d"]:
+        for layout in ("NCDHW", "NDHWC"):
+            found.append(Entry("direct", f"{layer['name']}_{layout.lower()}", layer_spec(layer, layout, layer["N"]), None))
+    for layer in shapes["conv2d_mec"]:
         for layout in ("NCHW", "NHWC"):
             spec = layer_spec(layer, layout, BATCH)
             for family, tile_options in FAMILY_TILES.items():

@@ -198,6 +198,10 @@ def cmd_bench(args) -> int:
     _require_gpu("convgen bench")
     from codegen import bench
 
+    if args.family == "direct":
+        results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats)
+        print(bench.format_direct_table(results))
+        return 0
     results = bench.bench_memory_family(args.family, layouts=args.layouts, layers=args.layers,
                                         out_dir=Path(args.out), repeats=args.repeats)
     print(bench.format_table(results))
@@ -257,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     def family_command(name, helptext, func):
         cmd = sub.add_parser(name, help=helptext, description=helptext, epilog=EPILOG,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        cmd.add_argument("family", help="kernel family: im2col or col2im")
+        cmd.add_argument("family", help="kernel family: im2col, col2im or direct")
         add_spec_flags(cmd)
         cmd.set_defaults(func=func)
         return cmd
@@ -276,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz_cmd.add_argument("--examples", type=int, default=100, help="specs to try (default 100)")
     fuzz_cmd.add_argument("--seed", type=int, help="random seed, for a repeatable search")
 
-    bench_cmd = sub.add_parser("bench", help="benchmark a family on the twelve layers of shapes.json (GPU)")
-    bench_cmd.add_argument("family", choices=("im2col", "col2im"))
+    bench_cmd = sub.add_parser("bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)")
+    bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct"))
     bench_cmd.add_argument("--layouts", nargs="+", default=["NCHW", "NHWC"])
     bench_cmd.add_argument("--layers", nargs="+", help="layer names (default all twelve)")
     bench_cmd.add_argument("--repeats", type=int, default=10)

@@ -25,6 +25,8 @@ def cases() -> list[tuple[str, str, ConvSpec, dict | None]]:
         ("col2im", "nhwc_gather", DEFAULT_SPEC, {"algorithm": "gather"}),
         ("col2im", "nhwc_scatter", DEFAULT_SPEC, {"algorithm": "scatter"}),
         ("col2im", "nchw_gather", nchw, {"algorithm": "gather"}),
+        ("direct", "nhwc_tiled_halo", DEFAULT_SPEC, {"variant": "tiled_halo"}),
+        ("direct", "nchw_constant", nchw, {"variant": "constant"}),
     ]
 
 

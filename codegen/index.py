@@ -253,6 +253,48 @@ class IndexAlgebra:
     def col_offset(self) -> sympy.Expr:
         return self.row * self.cols + self.col
 
+    # -- convolution (direct family) -------------------------------------------------------
+    @cached_property
+    def oc(self):
+        """Output channel (filter index)."""
+        return _sym("oc")
+
+    @cached_property
+    def output_shape(self) -> tuple[int, ...]:
+        s = self.spec
+        if s.layout.channels_last:
+            return (s.n, *self.out_size, s.k)
+        return (s.n, s.k, *self.out_size)
+
+    @cached_property
+    def filter_shape(self) -> tuple[int, ...]:
+        """K x C x (T x) R x S channels-first, K x (T x) R x S x C channels-last (cuDNN, CUTLASS)."""
+        s = self.spec
+        if s.layout.channels_last:
+            return (s.k, *s.filter_size, s.c)
+        return (s.k, s.c, *s.filter_size)
+
+    @cached_property
+    def output_coords(self) -> tuple[sympy.Expr, ...]:
+        """(n, oc, o0, o1[, o2]) of thread ``t``: threads run output-channel-major, space fastest, so a
+        warp shares one filter (what the constant-memory variant needs) whatever the layout."""
+        s = self.spec
+        return tuple(decompose(self.t, (s.n, s.k, *self.out_size)))
+
+    @cached_property
+    def y_offset(self) -> sympy.Expr:
+        s = self.spec
+        if s.layout.channels_last:
+            return linearize([self.n, *self.o, self.oc], (s.n, *self.out_size, s.k))
+        return linearize([self.n, self.oc, *self.o], (s.n, s.k, *self.out_size))
+
+    @cached_property
+    def w_offset(self) -> sympy.Expr:
+        s = self.spec
+        if s.layout.channels_last:
+            return linearize([self.oc, self.kk, self.c], (s.k, self.taps, s.c))
+        return linearize([self.oc, self.c, self.kk], (s.k, s.c, self.taps))
+
     # -- inverse map (col2im gather) -----------------------------------------------------
     @cached_property
     def window_numerator(self) -> tuple[sympy.Expr, ...]:
@@ -273,7 +315,8 @@ class IndexAlgebra:
         if s.layout.channels_last:
             image_max = max(image_max, self.image_elements - 1)
         col_max = max_over_box(self.col_offset, box)
-        return max(image_max, col_max, padded_threads - 1)
+        convolution_max = max(math.prod(self.output_shape), math.prod(self.filter_shape)) - 1
+        return max(image_max, col_max, convolution_max, padded_threads - 1)
 
     def index_type(self, padded_threads: int = 0) -> str:
         """``int`` when every index provably fits in 32 bits, else ``long long``."""
@@ -285,20 +328,25 @@ def lambdify(symbols, expr):
     return sympy.lambdify(symbols, expr, modules="numpy")
 
 
-def bounds_check(algebra: IndexAlgebra) -> str:
-    """C condition that the input coordinates i0.. lie inside the image, with the sides that the
-    spec proves can never fail left out (no padding: no lower check; no overhang: no upper one)."""
+def axis_bounds(algebra: IndexAlgebra) -> list[str]:
+    """Per axis, the C condition that input coordinate i<j> lies inside the image, with the sides
+    that the spec proves can never fail left out (no padding: no lower check; no overhang: no
+    upper one); "true" when both are proven."""
     spec = algebra.spec
-    terms = []
+    conditions = []
+    box = {o: extent - 1 for o, extent in zip(algebra.o, algebra.out_size)}
+    box.update({k: f - 1 for k, f in zip(algebra.k, spec.filter_size)})
     for j, (expr, size) in enumerate(zip(algebra.in_coord, spec.input_size)):
-        box = {o: extent - 1 for o, extent in zip(algebra.o, algebra.out_size)}
-        box.update({k: f - 1 for k, f in zip(algebra.k, spec.filter_size)})
         low = int(expr.subs({s: 0 for s in expr.free_symbols}))
         high = int(expr.subs(box))
-        if low < 0:
-            terms.append(f"i{j} >= 0")
-        if high > size - 1:
-            terms.append(f"i{j} < {size}")
+        terms = ([f"i{j} >= 0"] if low < 0 else []) + ([f"i{j} < {size}"] if high > size - 1 else [])
+        conditions.append(" && ".join(terms) if terms else "true")
+    return conditions
+
+
+def bounds_check(algebra: IndexAlgebra) -> str:
+    """C condition that every input coordinate lies inside the image (see ``axis_bounds``)."""
+    terms = [c for c in axis_bounds(algebra) if c != "true"]
     return " && ".join(terms) if terms else "true"
 
 
@@ -387,4 +435,52 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
         "col_linear": to_c(alg.col_linear),
         "thread_coords": [to_c(e) for e in decompose(alg.t, (spec.c, alg.cols))],
         "pixel_channel": [to_c(e) for e in decompose(alg.t, (alg.pixels, spec.pitch))],
+        "output_coords": [to_c(e) for e in alg.output_coords],
+        "y_offset": to_c(alg.y_offset),
+        "w_offset": to_c(alg.w_offset),
+        "K": spec.k,
+        "out_size": list(alg.out_size),
+        "in_size": list(spec.input_size),
+        "stride": list(spec.stride),
+        "dilation": list(spec.dilation),
+        "padding": list(spec.padding),
+        "filter_size": list(spec.filter_size),
+        "total_outputs": math.prod(alg.output_shape),
+    }
+
+
+def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int]) -> dict:
+    """Spatial tiling of the last two axes (H, W) for the tiled direct kernels.
+
+    With tile index ``tile<j>`` and a thread's local output ``l<j>`` on axis j: the tile's first
+    output is tile*T; the first input its window reads is in_coord(o = tile*T, k = 0); and the
+    input that local output l reads at tap k sits at l*s + k*d from there.  The cache variant keeps
+    in shared memory the T inputs starting at tile*T*s (the tile's "own" inputs: for stride 1
+    and padding r these are the inputs at the outputs' own coordinates, as in the seed)."""
+    spec = algebra.spec
+    axes = []
+    for position, j in enumerate(range(spec.dims - 2, spec.dims)):
+        tile_index = _sym(f"tile{j}")
+        local = _sym(f"l{j}")
+        first_output = tile_index * tile[position]
+        halo_origin = algebra.in_coord[j].subs({algebra.o[j]: first_output, algebra.k[j]: 0})
+        local_input = sympy.expand(algebra.in_coord[j].subs(algebra.o[j], first_output + local) - halo_origin)
+        axes.append({
+            "axis": j,
+            "tile": tile[position],
+            "tiles": -(-algebra.out_size[j] // tile[position]),
+            "first_output": to_c(first_output),
+            "halo_origin": to_c(halo_origin),
+            "own_origin": to_c(sympy.expand(first_output * spec.stride[j])),
+            "local_input": to_c(local_input),
+            "halo_extent": (tile[position] - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1,
+        })
+    plane = _sym("plane")
+    inner = spec.filter_size[-2:]
+    return {
+        "axes": axes,
+        "plane_taps": math.prod(inner),
+        "plane_coords": [to_c(e) for e in decompose(plane, inner)],
+        "halo_bounds": " && ".join(f"i{a['axis']} >= 0 && i{a['axis']} < {spec.input_size[a['axis']]}" for a in axes),
+        "depth_bounds": axis_bounds(algebra)[0] if spec.dims == 3 else "true",
     }

@@ -81,10 +81,31 @@ def col2im_by_maps(alg: IndexAlgebra, col_matrix: np.ndarray) -> np.ndarray:
     return image.reshape(alg.image_shape)
 
 
+def direct_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Convolution through the maps: im2col by maps, the filter gathered by w_offset, the product
+    scattered by y_offset."""
+    spec = alg.spec
+    col = im2col_by_maps(alg, x)
+    oc, row = np.meshgrid(np.arange(spec.k), np.arange(alg.rows), indexing="ij")
+    c = _eval(alg, alg.row_coords[0], row=row)
+    kk = _eval(alg, alg.row_coords[1], row=row)
+    filters = np.asarray(w, dtype=np.float64).reshape(-1)[_eval(alg, alg.w_offset, oc=oc, c=c, kk=kk)]
+    product = filters @ col
+    oc, column = np.meshgrid(np.arange(spec.k), np.arange(alg.cols), indexing="ij")
+    values = {"oc": oc, "n": _eval(alg, alg.col_coords[0], col=column)}
+    for j, expr in enumerate(alg.col_coords[1:]):
+        values[f"o{j}"] = _eval(alg, expr, col=column)
+    y = np.full(int(np.prod(alg.output_shape)), np.nan)
+    y[_eval(alg, alg.y_offset, **values)] = product
+    return y.reshape(alg.output_shape)
+
+
 def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
     alg = IndexAlgebra(spec)
     if family == "im2col":
         return im2col_by_maps(alg, inputs[0])
     if family == "col2im":
         return col2im_by_maps(alg, inputs[0])
+    if family == "direct":
+        return direct_by_maps(alg, *inputs)
     raise ValueError(f"no map evaluation for family {family!r}")

@@ -54,6 +54,7 @@ def _context(plan: KernelPlan) -> dict:
         "launches": plan.launches,
         "buffers": plan.buffers,
         "zero_output": plan.zero_output,
+        "constants": plan.constants,
     }
 
 

@@ -115,5 +115,5 @@ def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
 
     result = run("demo", "--out", str(tmp_path), env={**__import__("os").environ, "CONVGEN_CACHE_DIR": str(cache_dir)})
     assert result.returncode == 0, result.stderr
-    assert len(list(tmp_path.glob("*.cu"))) == 6
+    assert len(list(tmp_path.glob("*.cu"))) == 8
     assert ("PASS" in result.stdout) == has_gpu()

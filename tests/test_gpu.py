@@ -170,3 +170,66 @@ def test_large_spec_uses_64_bit_indexing_and_runs():
     inside = (ih < 1024) & (iw < 1040)
     expected = np.where(inside, xh[np.minimum(ih, 1023), np.minimum(iw, 1039)], 0)
     assert np.array_equal(last_row, expected)
+
+
+DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache")
+
+
+def _direct_tiles(spec, variant, tile_h, tile_w):
+    """A valid tile choice for the spec, or None (Hypothesis then skips the example)."""
+    from codegen.api import plan
+    from codegen.spec import SpecError
+
+    tiles = {"variant": variant, "tile_h": tile_h, "tile_w": tile_w}
+    try:
+        plan("direct", spec, tiles)
+    except SpecError:
+        return None
+    return tiles
+
+
+@GPU
+@given(spec=specs(max_channels=6), seed=st.integers(0, 2**16), variant=st.sampled_from(DIRECT_VARIANTS),
+       tile_h=st.integers(1, 9), tile_w=st.integers(1, 9))
+def test_direct_variants(spec, seed, variant, tile_h, tile_w):
+    from hypothesis import assume
+
+    tiles = _direct_tiles(spec, variant, tile_h, tile_w)
+    assume(tiles is not None)
+    _assert_matches("direct", spec, tiles, seed)
+
+
+@GPU
+@given(spec=specs(max_channels=6), seed=st.integers(0, 2**16), variant=st.sampled_from(DIRECT_VARIANTS))
+def test_direct_against_torch_conv(spec, seed, variant):
+    torch = _torch()
+    import torch.nn.functional as F
+
+    from codegen.api import build
+
+    assume_tiles = _direct_tiles(spec, variant, 8, 8)
+    from hypothesis import assume
+
+    assume(assume_tiles is not None)
+    generator = torch.Generator("cuda").manual_seed(seed)
+    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=generator) - 0.5
+    w = torch.rand(spec.k, spec.c, *spec.filter_size, device="cuda", generator=generator) - 0.5
+    conv = F.conv2d if spec.dims == 2 else F.conv3d
+    theirs = conv(x.double(), w.double(), stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+    last = (0, *range(2, 2 + spec.dims), 1)
+    if spec.layout.channels_last:
+        ours_x = torch.zeros(spec.n, *spec.input_size, spec.pitch, device="cuda")
+        ours_x[..., : spec.c] = x.permute(*last)
+        ours_w = w.permute(*last).contiguous()
+    else:
+        ours_x, ours_w = x, w
+    y = build("direct", spec, assume_tiles)(ours_x.contiguous(), ours_w.contiguous())
+    if spec.layout.channels_last:
+        y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
+    torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_single_channel_filter_all_variants():
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(300, 257), filter_size=(9, 9), padding=4)
+    for variant in DIRECT_VARIANTS:
+        _assert_matches("direct", spec, {"variant": variant})

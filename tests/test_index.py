@@ -33,6 +33,11 @@ def test_col2im_maps_3d(spec, seed):
     assert check_index_maps("col2im", spec, seed) is None
 
 
+@given(spec=specs(max_size=9), seed=st.integers(0, 2**16))
+def test_direct_maps(spec, seed):
+    assert check_index_maps("direct", spec, seed) is None
+
+
 EDGE_SPECS = [
     ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 1), filter_size=(1, 1)),
     ConvSpec(dims=2, layout="NHWC", n=1, c=1, k=1, input_size=(1, 1), filter_size=(3, 3), padding=1),
@@ -45,7 +50,7 @@ EDGE_SPECS = [
 
 
 @pytest.mark.parametrize("spec", EDGE_SPECS, ids=lambda s: s.describe())
-@pytest.mark.parametrize("family", ["im2col", "col2im"])
+@pytest.mark.parametrize("family", ["im2col", "col2im", "direct"])
 def test_edge_cases_sizes_of_one_and_strides_larger_than_the_filter(family, spec):
     assert check_index_maps(family, spec) is None
 

@@ -101,6 +101,16 @@ def test_tiles_over_the_shared_memory_limit_are_refused_before_compiling():
         plan("im2col", spec, {"threads": 1024, "pixels": 64})
 
 
+def test_direct_refusals_before_compiling():
+    big = make(c=64, k=64, filter_size=(3, 3))  # 64*64*9*4 = 147456 bytes of filter
+    with pytest.raises(SpecError, match="147456 bytes.*constant bank holds 65536"):
+        plan("direct", big, {"variant": "constant"})
+    with pytest.raises(SpecError, match="tiles.tile_h/tile_w.*threads per block"):
+        plan("direct", make(filter_size=(5, 5)), {"variant": "tiled_halo", "tile_h": 40, "tile_w": 40})
+    with pytest.raises(SpecError, match="tiles.variant='winograd'"):
+        plan("direct", make(), {"variant": "winograd"})
+
+
 def test_vectorised_im2col_needs_a_pitch_multiple_of_four():
     with pytest.raises(SpecError, match="multiple of 4.*pitch 3"):
         plan("im2col", make(), {"vectorized": True})

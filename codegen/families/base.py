@@ -34,10 +34,13 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Launch:
+    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them)."""
+
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
+    args: tuple[str, ...] | None = None
 
     @property
     def threads(self) -> int:
@@ -54,6 +57,14 @@ class KernelPlan:
     launches: tuple[Launch, ...]
     context: dict[str, Any] = field(compare=False)
     zero_output: bool = False
+    constants: tuple[tuple[str, str], ...] = ()
+    """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
+
+    def launch_args(self, launch: Launch) -> tuple[Buffer, ...]:
+        if launch.args is None:
+            return self.buffers
+        named = {b.name: b for b in self.buffers}
+        return tuple(named[name] for name in launch.args)
 
     @property
     def inputs(self) -> tuple[Buffer, ...]:
