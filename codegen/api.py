@@ -98,8 +98,8 @@ class Kernel:
         by_name = {b.name: a for b, a in zip(self.plan.buffers, (*arrays, result))}
         for symbol, buffer_name in self.plan.constants:
             source = by_name[buffer_name]
-            target = self._global(device_id, symbol)
-            target.copy_from_device_async(source.data, source.nbytes, stream)
+            cupy.cuda.runtime.memcpyAsync(self._global(device_id, symbol), source.data.ptr, source.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
         for launch in self.plan.launches:
             function = self._function(device_id, launch.kernel)
             args = tuple(by_name[b.name] for b in self.plan.launch_args(launch))
