@@ -280,7 +280,7 @@ def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_b
                "flops": flops, "bytes": nbytes, "copy_tbps": copy_bps / 1e12,
                "cudnn_ms": cudnn_seconds * 1e3, "cudnn_tflops": flops / cudnn_seconds / 1e12}
         try:
-            kernel = build("direct", spec, {**build_tiles_for(spec), "variant": variant})
+            kernel = build("direct", spec, tiles_for(spec, variant))
         except SpecError as err:
             rows.append({**row, "skipped": str(err)})
             continue
@@ -298,14 +298,18 @@ def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_b
     return rows
 
 
-def build_tiles_for(spec: ConvSpec) -> dict:
+def tiles_for(spec: ConvSpec, variant: str) -> dict:
+    """The family's tile heuristic for ``variant``."""
     from codegen.families import get_family
 
-    return get_family("direct").default_tiles(spec).to_dict()
+    family = get_family("direct")
+    if variant == "tiled_register":
+        return family.register_tiles(spec).to_dict()
+    return {**family.default_tiles(spec).to_dict(), "variant": variant}
 
 
 def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("filter2d", "conv2d_mec", "conv3d"),
-                 variants=("basic", "constant", "tiled_halo", "tiled_cache")) -> list[dict]:
+                 variants=("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")) -> list[dict]:
     shapes = load_shapes()
     copy_bps = copy_bandwidth()
     results = []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from codegen.bench import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source, write_if_changed
+from codegen.families import get_family
 from codegen.spec import ConvSpec
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -35,7 +36,7 @@ class Entry:
         return emit_source(self.family, self.spec, self.tiles, self.launcher, self.path.name)
 
 
-DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache")
+DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
 
 
 def entries() -> list[Entry]:
@@ -46,7 +47,9 @@ def entries() -> list[Entry]:
     for layer in shapes["filter2d"]:
         spec = layer_spec(layer, "NCHW", layer["N"])
         for variant in DIRECT_VARIANTS:
-            found.append(Entry("direct", f"{layer['name']}_{variant}", spec, {"variant": variant}))
+            tiles = (get_family("direct").register_tiles(spec).to_dict() if variant == "tiled_register"
+                     else {"variant": variant})
+            found.append(Entry("direct", f"{layer['name']}_{variant}", spec, tiles))
     for layer in shapes["conv3d"]:
         for layout in ("NCDHW", "NDHWC"):
             found.append(Entry("direct", f"{layer['name']}_{layout.lower()}", layer_spec(layer, layout, layer["N"]), None))

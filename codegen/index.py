@@ -449,7 +449,7 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
     }
 
 
-def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int]) -> dict:
+def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: int = 1) -> dict:
     """Spatial tiling of the last two axes (H, W) for the tiled direct kernels.
 
     With tile index ``tile<j>`` and a thread's local output ``l<j>`` on axis j: the tile's first
@@ -474,6 +474,11 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int]) -> dict:
             "own_origin": to_c(sympy.expand(first_output * spec.stride[j])),
             "local_input": to_c(local_input),
             "halo_extent": (tile[position] - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1,
+            # register blocking (W axis): a thread's per_thread outputs start at input l*per_thread*s,
+            # and output v at tap k reads window element local_input(l=v, k).
+            "window_start": to_c(sympy.expand(local_input.subs({local: local * per_thread, algebra.k[j]: 0}))),
+            "window": [[int(local_input.subs({local: v, algebra.k[j]: k})) for k in range(spec.filter_size[j])]
+                       for v in range(per_thread)],
         })
     plane = _sym("plane")
     inner = spec.filter_size[-2:]

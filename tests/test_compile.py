@@ -33,7 +33,7 @@ VARIANTS = (
     + [("col2im", "2d-nhwc-pitch40-tiled", ConvSpec.from_dict({**SPECS["2d-nhwc"].to_dict(), "c": 33, "dpitch": 40}),
         {"algorithm": "gather"})]
     + [("direct", f"{name}-{variant}", spec, {"variant": variant, "tile_h": 4, "tile_w": 8}) for name, spec in SPECS.items()
-       for variant in ("basic", "constant", "tiled_halo", "tiled_cache")]
+       for variant in ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")]
 )
 
 
@@ -50,7 +50,7 @@ def test_variants_cover_every_kernel_the_families_can_choose():
     chosen = {plan(f, s, t).variant for f, _, s, t in VARIANTS}
     assert chosen >= {"channels_first", "channels_last", "vec4", "vec8", "vec12", "vec16", "vec_generic",
                       "gather_channels_first", "gather_channels_last", "gather_channels_last_tiled", "scatter",
-                      "basic", "constant", "tiled_halo", "tiled_cache"}
+                      "basic", "constant", "tiled_halo", "tiled_cache", "tiled_register"}
 
 
 SOURCE = render_kernels(plan("im2col", SPECS["2d-nchw"])).code

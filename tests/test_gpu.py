@@ -172,15 +172,15 @@ def test_large_spec_uses_64_bit_indexing_and_runs():
     assert np.array_equal(last_row, expected)
 
 
-DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache")
+DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
 
 
-def _direct_tiles(spec, variant, tile_h, tile_w):
+def _direct_tiles(spec, variant, tile_h, tile_w, per_thread=1):
     """A valid tile choice for the spec, or None (Hypothesis then skips the example)."""
     from codegen.api import plan
     from codegen.spec import SpecError
 
-    tiles = {"variant": variant, "tile_h": tile_h, "tile_w": tile_w}
+    tiles = {"variant": variant, "tile_h": tile_h, "tile_w": tile_w * per_thread, "per_thread": per_thread}
     try:
         plan("direct", spec, tiles)
     except SpecError:
@@ -190,11 +190,11 @@ def _direct_tiles(spec, variant, tile_h, tile_w):
 
 @GPU
 @given(spec=specs(max_channels=6), seed=st.integers(0, 2**16), variant=st.sampled_from(DIRECT_VARIANTS),
-       tile_h=st.integers(1, 9), tile_w=st.integers(1, 9))
-def test_direct_variants(spec, seed, variant, tile_h, tile_w):
+       tile_h=st.integers(1, 9), tile_w=st.integers(1, 9), per_thread=st.sampled_from((1, 2, 4, 8)))
+def test_direct_variants(spec, seed, variant, tile_h, tile_w, per_thread):
     from hypothesis import assume
 
-    tiles = _direct_tiles(spec, variant, tile_h, tile_w)
+    tiles = _direct_tiles(spec, variant, tile_h, tile_w, per_thread if variant == "tiled_register" else 1)
     assume(tiles is not None)
     _assert_matches("direct", spec, tiles, seed)
 

@@ -12,6 +12,10 @@ spec's layout with K channels.  Four variants, chosen by the ``variant`` tile:
   every thread loads one input into shared memory, the edge threads then stay idle.
 - ``tiled_cache``: blocks sized to the *output* tile; only the tile's own inputs go to shared
   memory, halo cells are read from global memory and left to L1/L2.
+- ``tiled_register`` (beyond the seed): the block loads the input tile cooperatively, then each
+  thread computes ``per_thread`` consecutive outputs of a row from a register window (float4 reads
+  of shared memory when the W stride is 1), so each input read from shared memory feeds up to
+  ``per_thread`` FMAs instead of one; the filter is read with block-uniform addresses (broadcast).
 
 Tile sizes, filter size, stride, padding and dilation are compile-time constants of the kernel.
 """
@@ -30,7 +34,7 @@ from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
 
 CONSTANT_BANK_BYTES = 64 * 1024
-VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache")
+VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,15 @@ class DirectTiles(Tiles):
     threads: int = 256
     tile_h: int = 16
     tile_w: int = 16
+    per_thread: int = 8
 
     PARAMS: ClassVar = (
         TileParam("variant", "which direct kernel", choices=VARIANTS),
         TileParam("threads", "threads per block (basic, constant)", minimum=32, maximum=1024, multiple_of=32),
         TileParam("tile_h", "output tile rows (tiled variants; the H axis)", minimum=1, maximum=64),
-        TileParam("tile_w", "output tile columns (tiled variants; the W axis)", minimum=1, maximum=64),
+        TileParam("tile_w", "output tile columns (tiled variants; the W axis)", minimum=1, maximum=256),
+        TileParam("per_thread", "tiled_register: consecutive outputs per thread along W (tile_w must be a "
+                  "multiple)", choices=(1, 2, 4, 8)),
     )
 
 
@@ -87,6 +94,15 @@ class Direct(Family):
             for t, s, f, d in zip(sizes, spec.stride[-2:], spec.filter_size[-2:], spec.dilation[-2:])) else "basic"
         return DirectTiles(variant=variant, tile_h=sizes[0], tile_w=sizes[1])
 
+    def register_tiles(self, spec: ConvSpec) -> DirectTiles:
+        """tiled_register geometry: up to 8 outputs per thread along W, at most 32 threads across
+        and 256 per block, and an output tile no larger than the output."""
+        out_h, out_w = index.IndexAlgebra(spec).out_size[-2:]
+        per = 8 if out_w >= 64 else 4 if out_w >= 16 else 1
+        across = min(32, -(-out_w // per))
+        rows = max(1, min(8, out_h, 256 // across))
+        return DirectTiles(variant="tiled_register", tile_h=rows, tile_w=per * across, per_thread=per)
+
     def plan(self, spec: ConvSpec, tiles: DirectTiles) -> KernelPlan:
         alg = self.algebra(spec)
         variant = tiles.variant
@@ -111,6 +127,19 @@ class Direct(Family):
             if variant == "tiled_halo":
                 block = (terms["axes"][1]["halo_extent"], terms["axes"][0]["halo_extent"], 1)
                 shared = block[0] * block[1] * 4
+            elif variant == "tiled_register":
+                per = tiles.per_thread
+                if tiles.tile_w % per:
+                    raise SpecError("tiles.tile_w", tiles.tile_w, f"must be a multiple of tiles.per_thread ({per})")
+                terms = index.tile_terms(alg, tile, per)
+                a, b = terms["axes"]
+                window = (per - 1) * spec.stride[b["axis"]] + (spec.filter_size[-1] - 1) * spec.dilation[-1] + 1
+                vector = spec.stride[b["axis"]] == 1 and per % 4 == 0
+                pitch = -(-(b["halo_extent"] + 3) // 4) * 4
+                block = (tiles.tile_w // per, tiles.tile_h, 1)
+                shared = a["halo_extent"] * pitch * 4
+                context.update(per_thread=per, window_size=window, vector_window=vector, row_pitch=pitch,
+                               window_loads=-(-window // 4))
             else:
                 block = (tiles.tile_w, tiles.tile_h, 1)
                 shared = tiles.tile_w * tiles.tile_h * 4
