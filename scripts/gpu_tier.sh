@@ -48,10 +48,11 @@ fi
 if [ "$mode" = full ] || [ "$mode" = bench ]; then
     step "bench im2col" bench-im2col.log python3 -m codegen bench im2col --out "$out"
     step "bench col2im (gather)" bench-col2im.log python3 -m codegen bench col2im --out "$out"
+    step "bench direct" bench-direct.log python3 -m codegen bench direct --out "$out"
 fi
 tar czf "$out/logs.tgz" -C "$logs" .
 [ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
-for f in bench-im2col.log bench-col2im.log; do
+for f in bench-im2col.log bench-col2im.log bench-direct.log; do
     [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
 echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"

@@ -42,10 +42,15 @@ convgen_direct_tiled_register_13cc332e72(const float* __restrict__ x, const floa
     for (int v = 0; v < 8; ++v) acc[v] = 0.0f;
     for (int c = 0; c < 1; ++c) {
         {
-        for (int e = tid; e < 3120; e += 256) {
-            const idx_t i0 = 8*tile0 - 2 + e / 260;
-            const idx_t i1 = 256*tile1 - 2 + e % 260;
-            tile[e / 260][e % 260] = i0 >= 0 && i0 < 8192 && i1 >= 0 && i1 < 8192 ? __ldg(x + 67108864*c + 8192*i0 + i1 + 67108864*n) : 0.0f;
+        // 13 unrolled rounds, so all of a thread's loads are in flight before the first store.
+#pragma unroll
+        for (int round = 0; round < 13; ++round) {
+            const int e = tid + round * 256;
+            if (e < 3120) {
+                const idx_t i0 = 8*tile0 - 2 + e / 260;
+                const idx_t i1 = 256*tile1 - 2 + e % 260;
+                tile[e / 260][e % 260] = i0 >= 0 && i0 < 8192 && i1 >= 0 && i1 < 8192 ? __ldg(x + 67108864*c + 8192*i0 + i1 + 67108864*n) : 0.0f;
+            }
         }
         __syncthreads();
 #pragma unroll
