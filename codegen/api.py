@@ -31,7 +31,7 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> Kern
     if tiles is None:
         tiles = fam.default_tiles(spec)
     elif isinstance(tiles, dict):
-        tiles = fam.tiles_type.from_dict({**fam.default_tiles(spec).to_dict(), **tiles})
+        tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
         raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
     return fam.plan(spec, tiles)

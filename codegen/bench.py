@@ -302,10 +302,7 @@ def tiles_for(spec: ConvSpec, variant: str) -> dict:
     """The family's tile heuristic for ``variant``."""
     from codegen.families import get_family
 
-    family = get_family("direct")
-    if variant == "tiled_register":
-        return family.register_tiles(spec).to_dict()
-    return {**family.default_tiles(spec).to_dict(), "variant": variant}
+    return get_family("direct").complete_tiles(spec, {"variant": variant}).to_dict()
 
 
 def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("filter2d", "conv2d_mec", "conv3d"),

@@ -47,8 +47,7 @@ def entries() -> list[Entry]:
     for layer in shapes["filter2d"]:
         spec = layer_spec(layer, "NCHW", layer["N"])
         for variant in DIRECT_VARIANTS:
-            tiles = (get_family("direct").register_tiles(spec).to_dict() if variant == "tiled_register"
-                     else {"variant": variant})
+            tiles = get_family("direct").complete_tiles(spec, {"variant": variant}).to_dict()
             found.append(Entry("direct", f"{layer['name']}_{variant}", spec, tiles))
     for layer in shapes["conv3d"]:
         for layout in ("NCDHW", "NDHWC"):

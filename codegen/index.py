@@ -440,10 +440,6 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
         "w_offset": to_c(alg.w_offset),
         "K": spec.k,
         "out_size": list(alg.out_size),
-        "in_size": list(spec.input_size),
-        "stride": list(spec.stride),
-        "dilation": list(spec.dilation),
-        "padding": list(spec.padding),
         "filter_size": list(spec.filter_size),
         "total_outputs": math.prod(alg.output_shape),
     }

@@ -117,3 +117,8 @@ def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr
     assert len(list(tmp_path.glob("*.cu"))) == 8
     assert ("PASS" in result.stdout) == has_gpu()
+
+
+def test_a_variant_alone_takes_that_variants_tile_heuristic(capsys):
+    assert main(["generate", "direct", "--layout", "NCHW", "--tile", "variant=tiled_register"]) == 0
+    assert "tiled_register" in capsys.readouterr().out

@@ -102,6 +102,10 @@ class Family:
     def default_tiles(self, spec: ConvSpec) -> Tiles:
         raise NotImplementedError
 
+    def complete_tiles(self, spec: ConvSpec, requested: dict) -> Tiles:
+        """The tiles a user asked for, the rest from the heuristic."""
+        return self.tiles_type.from_dict({**self.default_tiles(spec).to_dict(), **requested})
+
     def plan(self, spec: ConvSpec, tiles: Tiles) -> KernelPlan:
         raise NotImplementedError
 

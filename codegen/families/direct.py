@@ -103,6 +103,11 @@ class Direct(Family):
         rows = max(1, min(8, out_h, 256 // across))
         return DirectTiles(variant="tiled_register", tile_h=rows, tile_w=per * across, per_thread=per)
 
+    def complete_tiles(self, spec: ConvSpec, requested: dict) -> DirectTiles:
+        """Unset tiles come from the heuristic of the requested variant."""
+        base = self.register_tiles(spec) if requested.get("variant") == "tiled_register" else self.default_tiles(spec)
+        return DirectTiles.from_dict({**base.to_dict(), **requested})
+
     def plan(self, spec: ConvSpec, tiles: DirectTiles) -> KernelPlan:
         alg = self.algebra(spec)
         variant = tiles.variant
