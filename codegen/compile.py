@@ -8,6 +8,7 @@ to cubin works on any machine with the NVRTC library.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -217,7 +218,7 @@ class KernelCache:
                     os.fsync(out.fileno())
                 os.replace(temp, self._entry_path(kernel.key))
             except BaseException:
-                with _suppress_os_error():
+                with contextlib.suppress(OSError):
                     os.unlink(temp)
                 raise
         except OSError as err:
@@ -238,18 +239,10 @@ class KernelCache:
             self._memory.clear()
         if self.directory.is_dir():
             for path in list(self.directory.glob("*.cubin")) + list(self.directory.glob(".tmp-*")):
-                with _suppress_os_error():
+                with contextlib.suppress(OSError):
                     path.unlink()
                     removed += 1
         return removed
-
-
-class _suppress_os_error:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, trace):
-        return kind is not None and issubclass(kind, OSError)
 
 
 _CACHE: KernelCache | None = None

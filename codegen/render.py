@@ -34,10 +34,6 @@ class KernelSource:
     plan: KernelPlan
     code: str
 
-    @property
-    def kernel_names(self) -> tuple[str, ...]:
-        return self.plan.kernel_names
-
 
 def _context(plan: KernelPlan) -> dict:
     from codegen.index import IndexAlgebra

@@ -75,10 +75,6 @@ class KernelPlan:
         (out,) = [b for b in self.buffers if b.role == "out"]
         return out
 
-    @property
-    def kernel_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(l.kernel for l in self.launches))
-
 
 def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
     """``convgen_<family>_<variant>_<tag>``: the tag hashes spec and tiles, so kernels of several
@@ -117,9 +113,6 @@ class Family:
         """Random (never zero) float32 inputs of the plan's input shapes, for tests and benchmarks."""
         plan = self.plan(spec, self.default_tiles(spec))
         return [rng.uniform(-1.0, 1.0, size=b.shape).astype(np.float32) for b in plan.inputs]
-
-    def output_shape(self, spec: ConvSpec) -> tuple[int, ...]:
-        return self.plan(spec, self.default_tiles(spec)).output.shape
 
     def algebra(self, spec: ConvSpec) -> IndexAlgebra:
         return IndexAlgebra(spec)
