@@ -11,7 +11,7 @@ from typing import Any
 
 from codegen.compile import CompiledKernel, compile_source, device_arch
 from codegen.families import get_family
-from codegen.families.base import Buffer, KernelPlan
+from codegen.families.base import BlasGemm, Buffer, KernelPlan
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
@@ -88,22 +88,31 @@ class Kernel:
         return _to_kind(result, kind)
 
     def launch(self, arrays: list, result, stream=None) -> None:
-        """Launch on already-checked CuPy arrays (the benchmark's hot path)."""
+        """Launch on already-checked CuPy arrays (the benchmark's hot path); workspaces are
+        allocated per call from CuPy's pool, so repeated calls reuse the same memory."""
         import cupy
 
         stream = stream or cupy.cuda.get_current_stream()
         device_id = result.device.id
         if self.plan.zero_output:
             cupy.cuda.runtime.memsetAsync(result.data.ptr, 0, result.nbytes, stream.ptr)
-        by_name = {b.name: a for b, a in zip(self.plan.buffers, (*arrays, result))}
+        by_name = {b.name: a for b, a in zip(self.plan.inputs, arrays)}
+        by_name[self.plan.output.name] = result
+        for buffer in self.plan.workspaces:
+            by_name[buffer.name] = cupy.empty(buffer.shape, dtype=cupy.float32)
         for symbol, buffer_name in self.plan.constants:
             source = by_name[buffer_name]
             cupy.cuda.runtime.memcpyAsync(self._global(device_id, symbol), source.data.ptr, source.nbytes,
                                           cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-        for launch in self.plan.launches:
-            function = self._function(device_id, launch.kernel)
-            args = tuple(by_name[b.name] for b in self.plan.launch_args(launch))
-            function(launch.grid, launch.block, args, shared_mem=launch.shared_bytes, stream=stream)
+        for step in self.plan.schedule:
+            if isinstance(step, BlasGemm):
+                _blas_gemm(step, by_name, stream)
+                continue
+            function = self._function(device_id, step.kernel)
+            args = tuple(by_name[b.name] for b in self.plan.launch_args(step))
+            if step.offsets:
+                args = tuple(a.ravel()[offset:] for a, offset in zip(args, step.offsets))
+            function(step.grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
 
     def _global(self, device_id: int, symbol: str):
         """The device address of a ``__constant__`` symbol of the loaded module."""
@@ -120,6 +129,28 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{family}.cu", arch)
     return Kernel(kernel_plan, source, compiled)
+
+
+def _blas_gemm(step: BlasGemm, by_name: dict, stream) -> None:
+    """One cuBLAS strided-batched SGEMM on the buffers' device pointers, on ``stream``."""
+    import cupy
+    import numpy as np
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+
+    def pointer(ref: tuple[str, int]) -> int:
+        name, offset = ref
+        return by_name[name].data.ptr + 4 * offset
+
+    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+    with stream:
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.sgemmStridedBatched(handle, op[step.trans_a], op[step.trans_b], step.m, step.n, step.k,
+                                   one.ctypes.data, pointer(step.a), step.lda, step.stride_a,
+                                   pointer(step.b), step.ldb, step.stride_b, zero.ctypes.data,
+                                   pointer(step.c), step.ldc, step.stride_c, step.batch)
 
 
 def _kind(obj: Any) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from codegen.api import plan as make_plan
 from codegen.compile import DEFAULT_ARCH
 from codegen.render import render
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
 
 
@@ -16,6 +16,9 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
                 file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH) -> str:
     """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
     kernel_plan = make_plan(family, spec, tiles)
+    if kernel_plan.steps:
+        raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
+                        "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
     name = launcher or kernel_plan.launches[0].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
     return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name, arch=arch,
                   output_name=kernel_plan.output.name, output_elements=kernel_plan.output.elements)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import sympy
 from sympy.printing.c import C99CodePrinter
 
@@ -485,3 +486,136 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: int = 1
         "halo_bounds": " && ".join(f"i{a['axis']} >= 0 && i{a['axis']} < {spec.input_size[a['axis']]}" for a in axes),
         "depth_bounds": axis_bounds(algebra)[0] if spec.dims == 3 else "true",
     }
+
+
+# -- GEMM view of the convolution (implicit_gemm, im2win) -------------------------------------
+def gemm_sizes(algebra: IndexAlgebra) -> tuple[int, int, int]:
+    """(GEMM_M, GEMM_N, GEMM_K) = (N*OD*OH*OW, K, C*T*R*S): rows of A are output pixels, its
+    columns the column-matrix rows (so B is the filter read in its own memory order)."""
+    return algebra.cols, algebra.spec.k, algebra.rows
+
+
+def window_tensor_shape(algebra: IndexAlgebra) -> tuple[int, ...]:
+    """The im2win tensor (the im2win paper's equation 2, generalised): for each output position of
+    the outer axes, the input rows its windows read, flattened window-order along W.
+
+    Channels-first (N, C, O0[, O1], Wwin, T) and channels-last (N, O0[, O1], Wwin, T, C), where
+    T is the product of the outer filter sizes (KH in 2D) and Wwin = (OW-1)*s + (KW-1)*d + 1 the
+    padded input columns the windows touch.  Padding is stored, so the convolution reads it
+    without bounds checks."""
+    spec = algebra.spec
+    outer = algebra.out_size[:-1]
+    taps_outer = math.prod(spec.filter_size[:-1])
+    if spec.layout.channels_last:
+        return (spec.n, *outer, window_width(algebra), taps_outer, spec.c)
+    return (spec.n, spec.c, *outer, window_width(algebra), taps_outer)
+
+
+def window_width(algebra: IndexAlgebra) -> int:
+    spec = algebra.spec
+    return (algebra.out_size[-1] - 1) * spec.stride[-1] + (spec.filter_size[-1] - 1) * spec.dilation[-1] + 1
+
+
+def window_offset(algebra: IndexAlgebra, wcol: sympy.Expr, outer_tap: sympy.Expr) -> sympy.Expr:
+    """Offset in the im2win tensor of (n, c, o_outer..., wcol, outer_tap)."""
+    spec = algebra.spec
+    shape = window_tensor_shape(algebra)
+    outer = list(algebra.o[:-1])
+    if spec.layout.channels_last:
+        return linearize([algebra.n, *outer, wcol, outer_tap, algebra.c], shape)
+    return linearize([algebra.n, algebra.c, *outer, wcol, outer_tap], shape)
+
+
+def window_transform_terms(algebra: IndexAlgebra) -> dict:
+    """The im2win transform, one thread per tensor element ``t``: its coordinates, the input
+    coordinates it copies, and the bounds check (padding cells are written as zeros)."""
+    spec = algebra.spec
+    shape = window_tensor_shape(algebra)
+    wcol, to = _sym("wcol"), _sym("to")
+    if spec.layout.channels_last:
+        names = ["n", *[f"o{j}" for j in range(spec.dims - 1)], "wcol", "to", "c"]
+    else:
+        names = ["n", "c", *[f"o{j}" for j in range(spec.dims - 1)], "wcol", "to"]
+    coords = decompose(algebra.t, shape)
+    outer_taps = decompose(to, spec.filter_size[:-1])
+    last = spec.dims - 1
+    sources = [algebra.in_coord[j].subs(algebra.k[j], outer_taps[j]) for j in range(last)]
+    sources.append(wcol - spec.padding[last])
+    checks = [f"i{j} >= 0 && i{j} < {size}" for j, size in enumerate(spec.input_size) if spec.padding[j] > 0]
+    return {
+        "window_shape": list(shape),
+        "window_elements": math.prod(shape),
+        "window_names": names,
+        "window_coords": [to_c(e) for e in coords],
+        "window_sources": [to_c(e) for e in sources],
+        "window_bounds": " && ".join(checks) or "true",
+    }
+
+
+def gemm_terms(algebra: IndexAlgebra, source: str) -> dict:
+    """Address terms of the implicit GEMM's A operand, split so that the kernel adds a per-row
+    part (output pixel m) to a per-column part (column-matrix row), as CUTLASS's iterators do:
+
+    - ``source="image"``: A(m, row) = x[base(n, o) + delta(c, k)] when every input coordinate
+      origin_j(o) + disp_j(k) lies inside the image, else 0 (padding); only axes with padding
+      are checked, the others are proven inside by the output size.
+    - ``source="window"``: A(m, row) = win[base(n, o) + delta(c, k)] in the im2win tensor, which
+      stores padding, so nothing is checked.
+
+    ``delta`` stays a sympy expression: the precomputed-offset table evaluates it per row."""
+    spec = algebra.spec
+    disp = [_sym(f"g{j}") for j in range(spec.dims)]
+    zero_taps = {k: 0 for k in algebra.k}
+    if source == "image":
+        origin = [sympy.expand(e.subs(zero_taps)) for e in algebra.in_coord]
+        full = sympy.expand(algebra.x_offset.subs({algebra.i[j]: origin[j] + disp[j] for j in range(spec.dims)}))
+        base = full.subs({algebra.c: 0, **{g: 0 for g in disp}})
+        delta = sympy.expand(full - base).subs({g: k * d for g, k, d in zip(disp, algebra.k, spec.dilation)})
+        checked = [j for j in range(spec.dims) if spec.padding[j] > 0]
+    elif source == "window":
+        last = spec.dims - 1
+        wcol = algebra.o[last] * spec.stride[last] + algebra.k[last] * spec.dilation[last]
+        outer_tap = linearize(list(algebra.k[:-1]), spec.filter_size[:-1])
+        full = sympy.expand(window_offset(algebra, wcol, outer_tap))
+        base = full.subs({algebra.c: 0, **zero_taps})
+        delta = sympy.expand(full - base)
+        origin, checked = [], []
+    else:
+        raise ValueError(f"unknown A source {source!r}")
+    y_full = sympy.expand(algebra.y_offset)
+    y_base = y_full.subs(algebra.oc, 0)
+    return {
+        "a_base": to_c(base),
+        "a_delta": delta,
+        "a_delta_c": to_c(delta),
+        "a_origin": [to_c(e) for e in origin],
+        "a_checked": [{"axis": j, "size": spec.input_size[j], "disp": to_c(algebra.k[j] * spec.dilation[j])}
+                      for j in checked],
+        "y_base": to_c(y_base),
+        "y_oc_stride": int(sympy.expand(y_full - y_base).coeff(algebra.oc)),
+        "exprs": {"a_base": base, "a_origin": origin, "y_base": y_base},
+    }
+
+
+def row_table(algebra: IndexAlgebra, terms: dict) -> list[tuple[int, ...]]:
+    """Per column-matrix row: (delta, disp_j of each checked axis) for the precomputed-offset
+    ("precomp") kernels, evaluated from the same sympy expressions the analytic kernels print."""
+    rows = np.arange(algebra.rows)
+    c_expr, kk_expr = algebra.row_coords
+    values = {"row": rows}
+    c = _evaluate(c_expr, values)
+    kk = _evaluate(kk_expr, values)
+    taps = {f"k{j}": _evaluate(e, {"kk": kk}) for j, e in enumerate(algebra.tap_coords)}
+    delta = _evaluate(terms["a_delta"], {"c": c, **taps})
+    columns = [delta] + [taps[f"k{a['axis']}"] * algebra.spec.dilation[a["axis"]] for a in terms["a_checked"]]
+    return [tuple(int(v) for v in entry) for entry in zip(*columns)]
+
+
+def _evaluate(expr: sympy.Expr, values: dict[str, np.ndarray]) -> np.ndarray:
+    expr = sympy.sympify(expr)
+    symbols = sorted(expr.free_symbols, key=str)
+    size = len(next(iter(values.values())))
+    if not symbols:
+        return np.full(size, int(expr), dtype=np.int64)
+    result = lambdify(symbols, expr)(*[values[str(s)] for s in symbols])
+    return np.floor(np.asarray(result, dtype=np.float64) + 0.5).astype(np.int64)

@@ -100,6 +100,79 @@ def direct_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray) -> np.ndarra
     return y.reshape(alg.output_shape)
 
 
+def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
+    """The im2win transform through its maps: every tensor element's coordinates and source."""
+    from codegen import index
+
+    terms = _window_transform_exprs(alg)
+    t = np.arange(int(np.prod(index.window_tensor_shape(alg))))
+    values = {name: _eval(alg, expr, t=t) for name, expr in zip(terms["names"], terms["coords"])}
+    inside = np.ones(t.shape, dtype=bool)
+    for j, expr in enumerate(terms["sources"]):
+        values[f"i{j}"] = _eval(alg, expr, **values) if expr.free_symbols else np.full_like(t, int(expr))
+        inside &= (values[f"i{j}"] >= 0) & (values[f"i{j}"] < alg.spec.input_size[j])
+    offset = _eval(alg, alg.x_offset, **values)
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    return np.where(inside, flat[np.where(inside, offset, 0)], 0.0).reshape(index.window_tensor_shape(alg))
+
+
+def _window_transform_exprs(alg: IndexAlgebra) -> dict:
+    """The sympy forms of ``index.window_transform_terms`` (which prints them as C)."""
+    import sympy
+
+    from codegen import index
+
+    spec = alg.spec
+    shape = index.window_tensor_shape(alg)
+    wcol, to = (sympy.Symbol(name, integer=True, nonnegative=True) for name in ("wcol", "to"))
+    outer = [f"o{j}" for j in range(spec.dims - 1)]
+    names = ["n", *outer, "wcol", "to", "c"] if spec.layout.channels_last else ["n", "c", *outer, "wcol", "to"]
+    outer_taps = decompose(to, spec.filter_size[:-1])
+    last = spec.dims - 1
+    sources = [alg.in_coord[j].subs(alg.k[j], outer_taps[j]) for j in range(last)] + [wcol - spec.padding[last]]
+    return {"names": names, "coords": decompose(alg.t, shape), "sources": sources}
+
+
+def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -> np.ndarray:
+    """The implicit GEMM as its kernels form it: A(m, row) from a per-pixel base plus a per-row
+    delta (both the precomputed table and the printed expression, which must agree), zero where a
+    padded axis leaves the image, times B = the filter, scattered by the epilogue's offsets."""
+    from codegen import index
+
+    spec = alg.spec
+    terms = index.gemm_terms(alg, source)
+    table = np.array(index.row_table(alg, terms), dtype=np.int64).reshape(alg.rows, -1)
+    row = np.arange(alg.rows)
+    row_values = {"row": row, "c": _eval(alg, alg.row_coords[0], row=row)}
+    row_values["kk"] = _eval(alg, alg.row_coords[1], row=row)
+    for j, expr in enumerate(alg.tap_coords):
+        row_values[f"k{j}"] = _eval(alg, expr, kk=row_values["kk"])
+    delta = _eval(alg, terms["a_delta"], **row_values) if terms["a_delta"].free_symbols else np.zeros_like(row)
+    if not np.array_equal(delta, table[:, 0]):
+        raise AssertionError("precomputed row table disagrees with the printed delta")
+    col = np.arange(alg.cols)
+    pixel = {"n": _eval(alg, alg.col_coords[0], col=col)}
+    for j, expr in enumerate(alg.col_coords[1:]):
+        pixel[f"o{j}"] = _eval(alg, expr, col=col)
+    base = _eval(alg, terms["exprs"]["a_base"], **pixel)
+    inside = np.ones((alg.cols, alg.rows), dtype=bool)
+    for position, check in enumerate(terms["a_checked"]):
+        j = check["axis"]
+        origin = _eval(alg, terms["exprs"]["a_origin"][j], **pixel)
+        coordinate = origin[:, None] + table[None, :, 1 + position]
+        inside &= (coordinate >= 0) & (coordinate < check["size"])
+    src = window_tensor_by_maps(alg, x) if source == "window" else np.asarray(x, dtype=np.float64)
+    flat = src.reshape(-1)
+    offset = base[:, None] + delta[None, :]
+    a = np.where(inside, flat[np.where(inside, offset, 0)], 0.0)
+    b = np.asarray(w, dtype=np.float64).reshape(spec.k, alg.rows).T
+    product = a @ b
+    y_base = _eval(alg, terms["exprs"]["y_base"], **pixel)
+    y = np.full(int(np.prod(alg.output_shape)), np.nan)
+    y[y_base[:, None] + np.arange(spec.k)[None, :] * terms["y_oc_stride"]] = product
+    return y.reshape(alg.output_shape)
+
+
 def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
     alg = IndexAlgebra(spec)
     if family == "im2col":
@@ -108,4 +181,8 @@ def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
         return col2im_by_maps(alg, inputs[0])
     if family == "direct":
         return direct_by_maps(alg, *inputs)
+    if family in ("implicit_gemm", "im2col_gemm"):
+        return gemm_by_maps(alg, *inputs, source="image")
+    if family == "im2win":
+        return gemm_by_maps(alg, *inputs, source="window")
     raise ValueError(f"no map evaluation for family {family!r}")

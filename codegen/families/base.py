@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from codegen import index
 from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec
 from codegen.tiles import Tiles
@@ -20,7 +21,8 @@ from codegen.tiles import Tiles
 
 @dataclass(frozen=True)
 class Buffer:
-    """One kernel argument: a dense array of ``shape`` that the kernels read (``in``) or write (``out``)."""
+    """One kernel argument: a dense array of ``shape`` that the kernels read (``in``), write
+    (``out``), or use as scratch between launches (``workspace``, allocated by the caller)."""
 
     name: str
     shape: tuple[int, ...]
@@ -34,17 +36,41 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them)."""
+    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them), and
+    ``offsets`` (when given) the element offset into each, for launches over a slice."""
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
     args: tuple[str, ...] | None = None
+    offsets: tuple[int, ...] | None = None
 
     @property
     def threads(self) -> int:
         return math.prod(self.grid) * math.prod(self.block)
+
+
+@dataclass(frozen=True)
+class BlasGemm:
+    """A cuBLAS ``sgemmStridedBatched`` call (column-major, as cuBLAS sees it) between launches:
+    C = op(A) * op(B) on buffers named with element offsets, for the explicit im2col + GEMM path."""
+
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    a: tuple[str, int]
+    lda: int
+    stride_a: int
+    b: tuple[str, int]
+    ldb: int
+    stride_b: int
+    c: tuple[str, int]
+    ldc: int
+    stride_c: int
+    batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,21 @@ class KernelPlan:
     zero_output: bool = False
     constants: tuple[tuple[str, str], ...] = ()
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
+    steps: tuple[Launch | BlasGemm, ...] = ()
+    """What runs, in order, when it is more than ``launches`` once each (im2col + GEMM in chunks)."""
+
+    @property
+    def schedule(self) -> tuple[Launch | BlasGemm, ...]:
+        return self.steps or self.launches
+
+    @property
+    def workspaces(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.role == "workspace")
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Extra device memory beyond inputs and output (4-byte elements)."""
+        return sum(b.elements for b in self.workspaces) * 4
 
     def launch_args(self, launch: Launch) -> tuple[Buffer, ...]:
         if launch.args is None:
@@ -85,6 +126,17 @@ def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
 
 def grid_for(total: int, per_block: int) -> int:
     return max(1, -(-total // per_block))
+
+
+def convolution_selftest_context(alg: IndexAlgebra) -> dict:
+    """What ``common/conv_reference.cu.j2`` needs: the self-test walks the output buffer in memory
+    order, so it decomposes an offset ``e`` in the layout's order."""
+    spec = alg.spec
+    spatial = [f"o{j}" for j in range(spec.dims)]
+    order = ["n", *spatial, "oc"] if spec.layout.channels_last else ["n", "oc", *spatial]
+    offset = index.sympy.Symbol("e", integer=True, nonnegative=True)
+    return {"output_order": order,
+            "output_coords_of_offset": [index.to_c(e) for e in index.decompose(offset, alg.output_shape)]}
 
 
 class Family:

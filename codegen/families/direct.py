@@ -28,7 +28,8 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
-from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
+from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convolution_selftest_context, grid_for,
+                                   kernel_name)
 from codegen.families.im2col import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
@@ -160,12 +161,7 @@ class Direct(Family):
         launch = Launch(name, grid, block, args=("x", "y") if variant == "constant" else None)
         context.update(index.template_context(alg, launch.threads))
         context.update(variant=variant, kernel=name, block_threads=block[0] * block[1])
-        # The self-test walks the output buffer in memory order: decompose an offset ``e`` in the layout.
-        spatial = [f"o{j}" for j in range(spec.dims)]
-        order = ["n", *spatial, "oc"] if spec.layout.channels_last else ["n", "oc", *spatial]
-        extents = [alg.output_shape[i] for i in range(len(order))]
-        context.update(output_order=order, output_coords_of_offset=[
-            index.to_c(e) for e in index.decompose(index.sympy.Symbol("e", integer=True, nonnegative=True), extents)])
+        context.update(convolution_selftest_context(alg))
         buffers = (Buffer("x", alg.image_shape, "in"), Buffer("w", alg.filter_shape, "in"),
                    Buffer("y", alg.output_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants)

@@ -1,0 +1,222 @@
+"""The GEMM core shared by ``implicit_gemm`` and ``im2win``: tile geometry, its checks, the
+heuristic, and the template context of the main loop (``templates/common/gemm.cu.j2``).
+
+The convolution is the GEMM y[M x N] = A[M x K] * B[K x N] with M = N*OD*OH*OW output pixels,
+N = K output channels and K = C*T*R*S column-matrix rows (seed 003).  A is never stored: each
+family says where A(m, row) lives (the image for implicit GEMM, the im2win tensor for im2win)
+through ``index.gemm_terms``.  B is the filter in its own memory order, y the output.
+
+The kernel is CUTLASS's SIMT structure: a CTA tile block_m x block_n advanced over K in
+block_k slices, ``stages`` shared-memory buffers filled by ``cp.async`` (or by registers when
+``async_copy`` is off) so the next slices load while this one is multiplied, warps owning
+warp_m x warp_n sub-tiles and threads thread_m x thread_n outer products (the micro-kernel).
+Both operands sit in shared memory k-contiguous ([rows][block_k + 4]), so one float4 read gives
+a thread four k-steps of a fragment and the +4 pad keeps eight consecutive rows on distinct banks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from codegen import index
+from codegen.spec import ConvSpec, SpecError
+from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block
+
+SMEM_PAD = 4
+REGISTER_LIMIT = 255
+REGISTER_FILE = 65536
+SM_COUNT_HINT = 132
+"""SMs of the H100 the heuristic sizes grids for; on smaller GPUs it only errs towards more CTAs."""
+REGISTER_OVERHEAD = 40
+"""Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
+benchmark layers: 30-45 beyond accumulators and fragments)."""
+
+
+@dataclass(frozen=True)
+class GemmTiles(Tiles):
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 8
+    warp_m: int = 64
+    warp_n: int = 32
+    thread_m: int = 8
+    thread_n: int = 8
+    stages: int = 3
+    async_copy: bool = True
+    vector_load: bool = True
+    vector_smem: bool = True
+    precomp: bool = True
+
+    PARAMS: ClassVar = (
+        TileParam("block_m", "CTA tile along GEMM M (output pixels)", minimum=1, maximum=256),
+        TileParam("block_n", "CTA tile along GEMM N (output channels)", minimum=1, maximum=256),
+        TileParam("block_k", "K slice per pipeline stage", choices=(4, 8, 16, 32)),
+        TileParam("warp_m", "warp tile along M", minimum=1, maximum=256),
+        TileParam("warp_n", "warp tile along N", minimum=1, maximum=256),
+        TileParam("thread_m", "thread micro-tile along M (outer-product rows)", choices=(1, 2, 4, 8, 16)),
+        TileParam("thread_n", "thread micro-tile along N (outer-product columns)", choices=(1, 2, 4, 8, 16)),
+        TileParam("stages", "shared-memory buffers: 1 = no double buffering or prefetch", choices=(1, 2, 3, 4)),
+        TileParam("async_copy", "fill shared memory with cp.async (sm_80+) instead of through registers",
+                  choices=(True, False)),
+        TileParam("vector_load", "float4 global loads of A and B where the channel count and pitch allow",
+                  choices=(True, False)),
+        TileParam("vector_smem", "float4 fragment reads from shared memory (four k-steps per read)",
+                  choices=(True, False)),
+        TileParam("precomp", "read each column-matrix row's offset from a precomputed table (cuDNN's "
+                  "'precomp') instead of dividing it out in the kernel", choices=(True, False)),
+    )
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n) * 32
+
+
+def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, tiles: GemmTiles) -> dict:
+    """How ``threads`` share a rows x groups tile (groups: k-slices of 1 or 4 floats): thread t
+    takes row t % across (m_fastest) or group t % across, then strides by the threads along the
+    other axis.  Only splits where every thread keeps the same rows across slots are allowed, so
+    per-row address state is computed once per thread."""
+    first, second = (rows, groups) if m_fastest else (groups, rows)
+    if threads % first == 0:
+        across, along, first_slots = first, threads // first, 1
+        second_slots = -(-second // along)
+        guard = second % along != 0
+    elif first % threads == 0:
+        across, along, first_slots, second_slots, guard = threads, 1, first // threads, second, False
+    else:
+        raise SpecError(field, getattr(tiles, field.split(".")[-1]),
+                        f"{threads} threads cannot share a {rows}x{groups} load tile evenly: the tile's "
+                        f"{'rows' if m_fastest else 'k-groups'} ({first}) must divide or be a multiple of the thread count")
+    if m_fastest:
+        return {"row_threads": across, "group_threads": along, "row_slots": first_slots,
+                "group_slots": second_slots, "guard_rows": False, "guard_groups": guard, "m_fastest": True}
+    return {"row_threads": along, "group_threads": across, "row_slots": second_slots,
+            "group_slots": first_slots, "guard_rows": guard, "guard_groups": False, "m_fastest": False}
+
+
+def check_geometry(tiles: GemmTiles) -> None:
+    """Every divisibility and size rule of the tile hierarchy, each failure naming its field."""
+    pairs = (("block_m", "warp_m"), ("block_n", "warp_n"), ("warp_m", "thread_m"), ("warp_n", "thread_n"))
+    for outer, inner in pairs:
+        if getattr(tiles, outer) % getattr(tiles, inner):
+            raise SpecError(f"tiles.{outer}", getattr(tiles, outer), f"must be a multiple of tiles.{inner} "
+                            f"({getattr(tiles, inner)})")
+    lanes = (tiles.warp_m // tiles.thread_m) * (tiles.warp_n // tiles.thread_n)
+    if lanes != 32:
+        raise SpecError("tiles.warp_m/warp_n", (tiles.warp_m, tiles.warp_n),
+                        f"a warp tile must hold 32 thread tiles of {tiles.thread_m}x{tiles.thread_n}; this one holds {lanes}")
+    check_block(tiles.threads, "tiles.block_m/block_n", (tiles.block_m, tiles.block_n))
+    if tiles.stages > 2 and not tiles.async_copy:
+        raise SpecError("tiles.stages", tiles.stages, "more than 2 stages need async_copy (register staging "
+                        "double-buffers only)")
+    shared = shared_bytes(tiles)
+    if shared > STATIC_SHARED_LIMIT:
+        raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of ({tiles.block_m}+{tiles.block_n})"
+                        f"x{tiles.block_k + SMEM_PAD} floats need {shared} bytes of shared memory; at most "
+                        f"{STATIC_SHARED_LIMIT} are allowed")
+    registers = register_estimate(tiles)
+    if registers > REGISTER_LIMIT:
+        raise SpecError("tiles.thread_m/thread_n", (tiles.thread_m, tiles.thread_n),
+                        f"the micro-tile needs about {registers} registers per thread; at most {REGISTER_LIMIT} exist")
+
+
+def shared_bytes(tiles: GemmTiles) -> int:
+    return tiles.stages * (tiles.block_m + tiles.block_n) * (tiles.block_k + SMEM_PAD) * 4
+
+
+def register_estimate(tiles: GemmTiles) -> int:
+    """Accumulators, four k-steps of A and B fragments (what the unrolled loop keeps in flight,
+    whether or not they are read as float4), plus a fixed overhead; ptxas has the last word (the
+    compile tier checks its report), this catches hopeless choices before compiling."""
+    return tiles.thread_m * tiles.thread_n + (tiles.thread_m + tiles.thread_n) * 4 + REGISTER_OVERHEAD
+
+
+def min_blocks(tiles: GemmTiles) -> int:
+    """The CTAs per SM that ``__launch_bounds__`` promises ptxas: as many as the register estimate
+    allows.  Without it ptxas aims at its own occupancy target and spills accumulators."""
+    per_thread = -(-register_estimate(tiles) // 8) * 8
+    return max(1, REGISTER_FILE // (tiles.threads * per_thread))
+
+
+def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
+    """A sound tile choice without tuning, in the way CUTLASS's default configurations are picked:
+
+    - block_n covers the output channels tightly (32, 64, 96 or 128), so small K wastes no lanes;
+    - block_m starts at 128 and halves (down to 32) until the grid has at least two CTAs per SM;
+    - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory), warps shaped so that a
+      warp's stores are 8 floats contiguous in the output's fast axis (pixels channels-first,
+      channels channels-last); smaller tiles shrink the micro-tile to keep 32 lanes per warp;
+    - block_k 8 with 3 cp.async stages (2 when shared memory is short);
+    - vector loads where the layout allows, precomputed row offsets always.
+    """
+    alg = index.IndexAlgebra(spec)
+    gemm_m, gemm_n, _ = index.gemm_sizes(alg)
+    block_n = next(b for b in (32, 64, 96, 128) if gemm_n <= b or b == 128)
+    block_m = 128
+    while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < 2 * SM_COUNT_HINT:
+        block_m //= 2
+    channels_last = spec.layout.channels_last
+    thread_m = thread_n = 8
+    if block_m == 32 or block_n == 32:
+        thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
+    warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n, channels_last)
+    tiles = GemmTiles(block_m=block_m, block_n=block_n, block_k=8, warp_m=warp_m, warp_n=warp_n,
+                      thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok)
+    if shared_bytes(tiles) > STATIC_SHARED_LIMIT:
+        tiles = GemmTiles(**{**tiles.to_dict(), "stages": 2})
+    return tiles
+
+
+def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int, channels_last: bool) -> tuple[int, int]:
+    """The 32-lane warp layout (lanes_m x lanes_n) whose tile divides the block, preferring 8
+    lanes along the output's contiguous axis."""
+    layouts = [(4, 8), (8, 4), (2, 16), (16, 2)] if channels_last else [(8, 4), (4, 8), (16, 2), (2, 16)]
+    for lanes_m, lanes_n in layouts:
+        warp_m, warp_n = lanes_m * thread_m, lanes_n * thread_n
+        if block_m % warp_m == 0 and block_n % warp_n == 0:
+            return warp_m, warp_n
+    raise SpecError("tiles.block_m/block_n", (block_m, block_n), "no 32-lane warp layout divides this block")
+
+
+def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_m_fastest: bool) -> dict:
+    """Template context of the GEMM main loop for one spec and tile choice."""
+    check_geometry(tiles)
+    alg = index.IndexAlgebra(spec)
+    gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
+    a_vec = 4 if tiles.vector_load and a_vector_ok else 1
+    b_vec = 4 if tiles.vector_load and gemm_k % 4 == 0 else 1
+    threads = tiles.threads
+    a_load = _loader(tiles.block_m, tiles.block_k // a_vec, threads, a_m_fastest and a_vec == 1, "tiles.block_m", tiles)
+    b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
+    k_tiles = -(-gemm_k // tiles.block_k)
+    table = index.row_table(alg, terms) if tiles.precomp else []
+    if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
+        raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
+    return {
+        "BM": tiles.block_m, "BN": tiles.block_n, "BK": tiles.block_k, "BKP": tiles.block_k + SMEM_PAD,
+        "TM": tiles.thread_m, "TN": tiles.thread_n,
+        "lanes_m": tiles.warp_m // tiles.thread_m, "lanes_n": tiles.warp_n // tiles.thread_n,
+        "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
+        "stages": tiles.stages, "async_copy": tiles.async_copy, "KV": 4 if tiles.vector_smem else 1,
+        "precomp": tiles.precomp, "threads": threads, "min_blocks": min_blocks(tiles),
+        "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
+        "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
+        "k_tail": gemm_k % tiles.block_k != 0,
+        "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
+        "table": table + [(0,) * len(table[0])] * (k_tiles * tiles.block_k - gemm_k) if table else [],
+        "table_width": 1 + len(terms["a_checked"]),
+        **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
+        "row_coords": [index.to_c(e) for e in alg.row_coords],
+    }
+
+
+def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:
+    gemm_m, gemm_n, _ = index.gemm_sizes(index.IndexAlgebra(spec))
+    return (-(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n), 1)
+
+
+def flops(spec: ConvSpec) -> int:
+    """2*M*N*K: the multiply-adds of the convolution, padding taps included (as cuDNN counts)."""
+    gemm_m, gemm_n, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
+    return 2 * gemm_m * gemm_n * gemm_k
+

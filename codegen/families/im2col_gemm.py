@@ -1,0 +1,89 @@
+"""Explicit im2col + GEMM (the baseline of the im2win paper and PyTorch's fallback path): the
+generated im2col kernel writes the column matrix of ``batch_chunk`` images into a workspace, and
+cuBLAS (``sgemmStridedBatched`` through CuPy) multiplies it by the filter, chunk after chunk.
+
+The GEMM writes the output in its layout directly: channels-last y[n, o, k] is col^T * w^T in
+one call; channels-first y[n, k, o] is w * col_n for each image n of the chunk, batched.
+Extra memory: the column matrix of one chunk (the workspace ``col``).  Runs only from Python;
+emitting it as a standalone file is refused, since the GEMM is a cuBLAS call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from codegen import index
+from codegen.families import im2col
+from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch
+from codegen.families.direct import convolution_reference
+from codegen.spec import ConvSpec, SpecError, replace
+from codegen.tiles import TileParam, Tiles
+
+WORKSPACE_BUDGET = 1 << 30
+"""Column-matrix bytes the heuristic allows per chunk (PyTorch's unfold path uses one image)."""
+
+
+@dataclass(frozen=True)
+class Im2colGemmTiles(Tiles):
+    batch_chunk: int = 1
+
+    PARAMS: ClassVar = (
+        TileParam("batch_chunk", "images per im2col + GEMM round (must divide N); the workspace holds "
+                  "their column matrix", minimum=1, maximum=1 << 20),
+    )
+
+
+class Im2colGemm(Family):
+    name = "im2col_gemm"
+    template = "im2col_gemm.cu.j2"
+    tiles_type = Im2colGemmTiles
+    summary = "explicit im2col into a workspace, then cuBLAS SGEMM, in batch chunks"
+
+    def default_tiles(self, spec: ConvSpec) -> Im2colGemmTiles:
+        """The largest divisor of N whose column matrix fits ``WORKSPACE_BUDGET`` (at least 1)."""
+        alg = index.IndexAlgebra(spec)
+        per_image = alg.rows * math.prod(alg.out_size) * 4
+        fitting = [d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= WORKSPACE_BUDGET]
+        return Im2colGemmTiles(batch_chunk=max(fitting, default=1))
+
+    def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
+        chunk = tiles.batch_chunk
+        if spec.n % chunk:
+            raise SpecError("tiles.batch_chunk", chunk, f"must divide n ({spec.n})")
+        alg = self.algebra(spec)
+        chunk_spec = replace(spec, n=chunk)
+        inner = im2col.FAMILY.plan(chunk_spec, im2col.FAMILY.default_tiles(chunk_spec))
+        chunk_alg = index.IndexAlgebra(chunk_spec)
+        rows, cols = chunk_alg.col_shape
+        pixels = math.prod(alg.out_size)
+        x_step = chunk * math.prod(alg.image_shape[1:])
+        y_step = chunk * math.prod(alg.output_shape[1:])
+        (launch,) = inner.launches
+        steps: list[Launch | BlasGemm] = []
+        for first in range(0, spec.n, chunk):
+            steps.append(Launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
+                                args=("x", "col"), offsets=((first // chunk) * x_step, 0)))
+            y_at = ("y", (first // chunk) * y_step)
+            if spec.layout.channels_last:
+                steps.append(BlasGemm(True, True, spec.k, cols, rows, ("w", 0), rows, 0, ("col", 0), cols, 0,
+                                      y_at, spec.k, 0))
+            else:
+                steps.append(BlasGemm(False, False, pixels, spec.k, rows, ("col", 0), cols, pixels, ("w", 0), rows, 0,
+                                      y_at, pixels, spec.k * pixels, chunk))
+        buffers = (Buffer("x", alg.image_shape, "in", inner.buffers[0].alignment),
+                   Buffer("w", alg.filter_shape, "in"),
+                   Buffer("col", (rows, cols), "workspace", inner.buffers[1].alignment),
+                   Buffer("y", alg.output_shape, "out"))
+        arguments = Launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes, args=("x", "col"))
+        return KernelPlan(self.name, inner.variant, spec, tiles, buffers, (arguments,), inner.context,
+                          steps=tuple(steps))
+
+    def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
+        x, w = inputs
+        return convolution_reference(spec, x, w)
+
+
+FAMILY = Im2colGemm()

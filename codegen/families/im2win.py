@@ -1,0 +1,117 @@
+"""im2win convolution (seed 004), generalised to stride, padding, dilation, 3D and channels-last.
+
+Two kernels.  The transform copies the input into the im2win tensor (``index.window_tensor_shape``):
+per output row, the input rows its windows read, stored window-order along W with the padding
+written out, so consecutive windows of a row overlap in memory instead of being copied again as
+im2col does.  The convolution is then the GEMM main loop of ``codegen/families/gemm.py`` reading
+A(m, row) = win[base(m) + delta(row)] with no bounds checks.
+
+The paper's optimisations are tile switches, so its ablation (Figure 4) can be rerun by removing
+one at a time (``ABLATIONS``): the micro-kernel (thread_m x thread_n outer products; 1x1 without),
+vectorised loads (float4 global loads and float4 fragment reads), and double buffering with
+prefetch (``stages`` >= 2; 1 without).  Extra memory: the im2win tensor (workspace ``win``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codegen import index
+from codegen.families import gemm
+from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convolution_selftest_context, grid_for,
+                                   kernel_name)
+from codegen.families.direct import convolution_reference
+from codegen.spec import ConvSpec
+
+TRANSFORM_THREADS = 256
+
+
+def window_vector_ok(spec: ConvSpec) -> bool:
+    """The im2win tensor is channel-dense, so channels-last A rows vectorise when C is a multiple of 4."""
+    return spec.layout.channels_last and spec.c % 4 == 0
+
+
+def ablation(tiles: gemm.GemmTiles, removed: str) -> gemm.GemmTiles:
+    """``tiles`` with one of the paper's optimisations removed (``ABLATIONS``)."""
+    data = tiles.to_dict()
+    if removed == "prefetch":
+        data.update(stages=1)
+    elif removed == "vectorized":
+        data.update(vector_load=False, vector_smem=False)
+    elif removed == "micro_kernel":
+        lanes_m, lanes_n = tiles.warp_m // tiles.thread_m, tiles.warp_n // tiles.thread_n
+        data.update(thread_m=1, thread_n=1, warp_m=lanes_m, warp_n=lanes_n,
+                    block_m=lanes_m * 2, block_n=lanes_n * 2)
+    else:
+        raise ValueError(f"unknown ablation {removed!r}; one of {', '.join(ABLATIONS)}")
+    return gemm.GemmTiles(**data)
+
+
+ABLATIONS = ("micro_kernel", "vectorized", "prefetch")
+
+
+class Im2win(Family):
+    name = "im2win"
+    template = "im2win.cu.j2"
+    tiles_type = gemm.GemmTiles
+    summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM"
+
+    def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
+        return gemm.heuristic(spec, window_vector_ok(spec))
+
+    def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
+        alg = self.algebra(spec)
+        terms = index.gemm_terms(alg, "window")
+        vector = window_vector_ok(spec)
+        context = gemm.context(spec, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
+        context.update(index.window_transform_terms(alg))
+        window_elements = context["window_elements"]
+        variant = "precomp" if tiles.precomp else "analytic"
+        name = kernel_name(self.name, variant, spec, tiles)
+        transform = Launch(f"{name}_transform", (grid_for(window_elements, TRANSFORM_THREADS), 1, 1),
+                           (TRANSFORM_THREADS, 1, 1), args=("x", "win"))
+        conv = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), args=("win", "w", "y"))
+        padded = max(transform.threads, conv.threads, window_elements)
+        context.update(index.template_context(alg, padded))
+        context.update(convolution_selftest_context(alg))
+        context.update(kernel=name, transform_kernel=transform.kernel, variant=variant, table_name=f"{name}_rows",
+                       transform_threads=TRANSFORM_THREADS)
+        buffers = (Buffer("x", alg.image_shape, "in"),
+                   Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
+                   Buffer("win", index.window_tensor_shape(alg), "workspace", 16 if vector else 4),
+                   Buffer("y", alg.output_shape, "out"))
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context)
+
+    def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
+        x, w = inputs
+        return convolution_reference(spec, x, w)
+
+
+def window_tensor_reference(spec: ConvSpec, x: np.ndarray) -> np.ndarray:
+    """The im2win tensor by slicing a zero-padded image (not through the index algebra)."""
+    alg = index.IndexAlgebra(spec)
+    x = np.asarray(x, dtype=np.float64)
+    if spec.layout.channels_last:
+        x = np.moveaxis(x[..., : spec.c], -1, 1)
+    pads = [(0, 0), (0, 0)] + [(p, p) for p in spec.padding]
+    padded = np.pad(x, pads)
+    last = spec.dims - 1
+    width = index.window_width(alg)
+    outer_taps = list(np.ndindex(*spec.filter_size[:-1]))
+    planes = []
+    for taps in outer_taps:
+        slices = [slice(None), slice(None)]
+        for j, k in enumerate(taps):
+            start = k * spec.dilation[j]
+            slices.append(slice(start, start + (alg.out_size[j] - 1) * spec.stride[j] + 1, spec.stride[j]))
+        slices.append(slice(0, width))
+        planes.append(padded[tuple(slices)])
+    win = np.stack(planes, axis=-1)                  # (N, C, O_outer..., Wwin, T)
+    if spec.layout.channels_last:
+        win = np.moveaxis(win, 1, -1)
+    assert win.shape == index.window_tensor_shape(alg), (win.shape, last)
+    return win
+
+
+FAMILY = Im2win()
