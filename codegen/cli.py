@@ -19,6 +19,7 @@ examples:
   convgen run im2col --dims 3 --layout NDHWC --input 8 16 16 --filter 3 3 3 --stride 2
   convgen fuzz col2im --examples 300
   convgen bench im2col --layouts NCHW NHWC --out bench-out
+  convgen bench conv --layouts NHWC NDHWC --layers conv4 conv8 c3d_conv2
   convgen cache info
 
 spec flags (every command that takes a spec): sizes are given outermost first, (H W) in 2D and
@@ -202,7 +203,15 @@ def cmd_bench(args) -> int:
         results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats)
         print(bench.format_direct_table(results))
         return 0
-    results = bench.bench_memory_family(args.family, layouts=args.layouts, layers=args.layers,
+    if args.family == "conv":
+        from codegen import bench_conv
+
+        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats,
+                                        layouts=args.layouts or ("NCHW", "NCDHW"), layers=args.layers,
+                                        ablation=not args.no_ablation)
+        print(bench_conv.format_table(results))
+        return 0
+    results = bench.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
                                         out_dir=Path(args.out), repeats=args.repeats)
     print(bench.format_table(results))
     return 0
@@ -281,8 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz_cmd.add_argument("--seed", type=int, help="random seed, for a repeatable search")
 
     bench_cmd = sub.add_parser("bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)")
-    bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct"))
-    bench_cmd.add_argument("--layouts", nargs="+", default=["NCHW", "NHWC"])
+    bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct", "conv"),
+                           help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN")
+    bench_cmd.add_argument("--layouts", nargs="+", help="default NCHW NHWC (im2col, col2im); NCHW NCDHW (conv: "
+                           "2D layers run in the 2D layouts given, 3D layers in the 3D ones)")
+    bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
     bench_cmd.add_argument("--layers", nargs="+", help="layer names (default all twelve)")
     bench_cmd.add_argument("--repeats", type=int, default=10)
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")

@@ -18,7 +18,8 @@ from codegen.spec import ConvSpec, Layout, SpecError
 
 @st.composite
 def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = None, max_size: int = 12,
-          max_channels: int = 9, vector_pitch: bool | None = None, max_elements: int = 1 << 18) -> ConvSpec:
+          max_channels: int = 9, vector_pitch: bool | None = None, max_elements: int = 1 << 18,
+          max_k: int = 4) -> ConvSpec:
     """Valid small specs: sizes of 1, padding, dilation, strides larger than the filter, odd pitches.
 
     ``vector_pitch=True`` draws channels-last specs whose pitch is a multiple of 4 (the DECX kernels);
@@ -45,11 +46,40 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
             dpitch = draw(st.one_of(st.none(), st.integers(c, c + 5)))
     n = draw(st.integers(1, 3))
     assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
-    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=draw(st.integers(1, 4)), input_size=sizes,
+    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=draw(st.integers(1, max_k)), input_size=sizes,
                     filter_size=filters, stride=stride, padding=padding, dilation=dilation, dpitch=dpitch)
     alg = IndexAlgebra(spec)
     assume(alg.rows * alg.cols <= max_elements and alg.image_elements <= max_elements)
     return spec
+
+
+@st.composite
+def gemm_tiles(draw) -> dict:
+    """Valid GEMM-core tile choices of every shape: warp layouts from 1x32 to 32x1, micro-tiles
+    from 1x1 to 8x8, 1 to 8 warps, every pipeline and load switch."""
+    from codegen.families.gemm import GemmTiles, check_geometry
+
+    lanes_m = draw(st.sampled_from((1, 2, 4, 8, 16, 32)))
+    thread_m, thread_n = draw(st.sampled_from((1, 2, 4, 8))), draw(st.sampled_from((1, 2, 4, 8)))
+    warp_m, warp_n = lanes_m * thread_m, (32 // lanes_m) * thread_n
+    warps_m, warps_n = draw(st.sampled_from((1, 2, 4))), draw(st.sampled_from((1, 2)))
+    async_copy = draw(st.booleans())
+    tiles = {"block_m": warp_m * warps_m, "block_n": warp_n * warps_n, "block_k": draw(st.sampled_from((4, 8, 16))),
+             "warp_m": warp_m, "warp_n": warp_n, "thread_m": thread_m, "thread_n": thread_n,
+             "stages": draw(st.sampled_from((1, 2, 3) if async_copy else (1, 2))), "async_copy": async_copy,
+             "vector_load": draw(st.booleans()), "vector_smem": draw(st.booleans()), "precomp": draw(st.booleans())}
+    try:
+        check_geometry(GemmTiles(**tiles))
+    except SpecError:
+        assume(False)
+    return tiles
+
+
+def relative_error(result: np.ndarray, expected: np.ndarray) -> float:
+    """||result - expected|| / ||expected|| in float64 (the issue's accuracy measure for fp32)."""
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = float(np.linalg.norm(expected)) or 1.0
+    return float(np.linalg.norm(np.asarray(result, dtype=np.float64) - expected)) / scale
 
 
 @dataclass

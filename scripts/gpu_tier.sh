@@ -3,8 +3,10 @@
 # and the benchmarks.  Logs are packed into $OUT/logs.tgz (or ./gpu-out), benchmark JSON and PNG
 # stay beside it, and a short summary is printed last.
 # Usage (repo root): bash scripts/gpu_tier.sh [quick|tests|bench|full]
-#   quick: 30 examples per property test, no benchmarks; tests: 300 examples, no benchmarks;
-#   bench: sanitizer, demo, self-tests and benchmarks only; full: everything.
+#   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
+#   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
+#   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
+#   (im2col col2im direct conv); BENCH_ARGS are passed to every `convgen bench`.
 set -u
 mode=${1:-full}
 out=${OUT:-gpu-out}
@@ -13,6 +15,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
 examples=300; [ "$mode" = quick ] && examples=30
+benches=${BENCHES-im2col col2im direct conv}; [ "$mode" = quick ] && benches=${BENCHES:-}
 export CONVGEN_GPU_EXAMPLES=$examples
 summary=()
 step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and wall time
@@ -24,12 +27,13 @@ step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and
     return $rc
 }
 gpu_tests() {  # each GPU test in its own process, 6 at a time: NVRTC compiles per example dominate
-    python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider tests/test_gpu.py | grep '::' >"$logs/gpu-ids.txt"
-    xargs -P 6 -I{} sh -c 'python3 -m pytest -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
+    python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu.py \
+        | grep '::' >"$logs/gpu-ids.txt"
+    xargs -P 6 -I{} sh -c 'timeout 420 python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
         >"$2/gpu-$(echo "$1" | tr -c "A-Za-z0-9_\n" "_").log" 2>&1' _ {} "$logs" <"$logs/gpu-ids.txt"
     local passed failed
     passed=$(cat "$logs"/gpu-tests_*.log | grep -o -E '^[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
-    failed=$(grep -l -E '[0-9]+ (failed|error)' "$logs"/gpu-tests_*.log | wc -l)
+    failed=$(grep -L -E "^[0-9]+ passed" "$logs"/gpu-tests_*.log | wc -l)
     grep -h -E '^tests/|passing,' "$logs"/gpu-tests_*.log
     echo "$passed passed, $failed failed (tests), $examples examples per property test"
     [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
@@ -38,21 +42,22 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$
 if [ "$mode" != bench ]; then
     step "pytest -m gpu" gpu-tests.log gpu_tests
 fi
-if [ "$mode" != tests ]; then
+if [ "$mode" = full ] || [ "$mode" = bench ]; then
     step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 -m codegen demo --out /tmp/demo-san
     step "demo" demo.log python3 -m codegen demo --out /tmp/demo
     step "emitted self-tests (nvcc)" selftest.log bash -c \
         'for f in /tmp/demo/*.cu; do nvcc -arch=sm_90 -DCONVGEN_SELFTEST "$f" -o /tmp/st && /tmp/st || exit 1; done'
 fi
-if [ "$mode" = full ] || [ "$mode" = bench ]; then
-    step "bench im2col" bench-im2col.log python3 -m codegen bench im2col --out "$out"
-    step "bench col2im (gather)" bench-col2im.log python3 -m codegen bench col2im --out "$out"
-    step "bench direct" bench-direct.log python3 -m codegen bench direct --out "$out"
+if [ "$mode" != tests ]; then
+    for bench in $benches; do
+        # shellcheck disable=SC2086
+        step "bench $bench" "bench-$bench.log" python3 -m codegen bench "$bench" --out "$out" ${BENCH_ARGS:-}
+    done
 fi
 tar czf "$out/logs.tgz" -C "$logs" .
 [ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
-for f in bench-im2col.log bench-col2im.log bench-direct.log; do
+for f in bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log; do
     [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
 echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen.fuzz import compare, run_on_gpu, specs
+from codegen.fuzz import compare, gemm_tiles, run_on_gpu, specs
 from codegen.spec import ConvSpec, Layout
 
 pytestmark = pytest.mark.gpu
@@ -233,3 +233,97 @@ def test_single_channel_filter_all_variants():
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(300, 257), filter_size=(9, 9), padding=4)
     for variant in DIRECT_VARIANTS:
         _assert_matches("direct", spec, {"variant": variant})
+
+
+GEMM_FAMILIES = ("implicit_gemm", "im2win")
+GEMM_SPECS = specs(max_channels=20, max_k=40, max_elements=1 << 16)
+
+
+def _assert_conv_matches(family, spec, tiles, seed):
+    """Elementwise against the float64 reference (NaN = unwritten) and in norm (<< 1e-5)."""
+    from codegen.fuzz import relative_error
+    from codegen.spec import SpecError
+
+    try:
+        result, expected = run_on_gpu(family, spec, tiles, seed)
+    except SpecError as error:          # a tile the loader cannot split for this spec: not a bug
+        from hypothesis import assume
+
+        assume(error.field.startswith("tiles."))
+        raise
+    mismatch = compare(result, expected)
+    assert mismatch is None, f"{family} {tiles} on {spec.describe()}: {mismatch}"
+    assert relative_error(result, expected) < 1e-6
+
+
+@GPU
+@given(spec=GEMM_SPECS, tiles=gemm_tiles(), seed=st.integers(0, 2**16), family=st.sampled_from(GEMM_FAMILIES))
+def test_gemm_families_every_switch(spec, tiles, seed, family):
+    _assert_conv_matches(family, spec, tiles, seed)
+
+
+@GPU
+@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), family=st.sampled_from(GEMM_FAMILIES + ("im2col_gemm",)))
+def test_gemm_families_heuristic_tiles(spec, seed, family):
+    _assert_conv_matches(family, spec, None, seed)
+
+
+@GPU
+@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), removed=st.sampled_from(("micro_kernel", "vectorized", "prefetch")))
+def test_im2win_ablations(spec, seed, removed):
+    from codegen.families import im2win
+
+    tiles = im2win.ablation(im2win.FAMILY.default_tiles(spec), removed)
+    _assert_conv_matches("im2win", spec, tiles.to_dict(), seed)
+
+
+@GPU
+@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), chunk=st.integers(1, 3))
+def test_im2col_gemm_chunks(spec, seed, chunk):
+    from hypothesis import assume
+
+    assume(spec.n % chunk == 0)
+    _assert_conv_matches("im2col_gemm", spec, {"batch_chunk": chunk}, seed)
+
+
+@GPU
+@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), family=st.sampled_from(GEMM_FAMILIES + ("im2col_gemm",)))
+def test_gemm_families_against_torch_conv(spec, seed, family):
+    torch = _torch()
+    import torch.nn.functional as F
+
+    from codegen.api import build
+
+    generator = torch.Generator("cuda").manual_seed(seed)
+    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=generator) - 0.5
+    w = torch.rand(spec.k, spec.c, *spec.filter_size, device="cuda", generator=generator) - 0.5
+    conv = F.conv2d if spec.dims == 2 else F.conv3d
+    theirs = conv(x.double(), w.double(), stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+    last = (0, *range(2, 2 + spec.dims), 1)
+    if spec.layout.channels_last:
+        ours_x = torch.zeros(spec.n, *spec.input_size, spec.pitch, device="cuda")
+        ours_x[..., : spec.c] = x.permute(*last)
+        ours_w = w.permute(*last).contiguous()
+    else:
+        ours_x, ours_w = x, w
+    y = build(family, spec)(ours_x.contiguous(), ours_w.contiguous())
+    if spec.layout.channels_last:
+        y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
+    assert float((y.double() - theirs).norm() / theirs.norm().clamp_min(1e-30)) < 1e-6
+    torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_families_on_edge_shapes():
+    """C = 1, K = 1, sizes of 1, tile tails, and 3D with asymmetric stride, padding and dilation."""
+    edge = [
+        ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 1), filter_size=(1, 1)),
+        ConvSpec(dims=2, layout="NHWC", n=3, c=1, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
+        ConvSpec(dims=2, layout="NHWC", n=2, c=12, k=1, input_size=(9, 17), filter_size=(5, 1), stride=(1, 3)),
+        ConvSpec(dims=3, layout="NDHWC", n=2, c=8, k=33, input_size=(5, 7, 9), filter_size=(3, 2, 3),
+                 stride=(2, 1, 3), padding=(1, 0, 2), dilation=(1, 2, 1)),
+        ConvSpec(dims=3, layout="NCDHW", n=1, c=5, k=130, input_size=(4, 6, 5), filter_size=(2, 3, 2),
+                 stride=(1, 2, 1), padding=(0, 1, 1), dilation=(2, 1, 2)),
+    ]
+    for spec in edge:
+        for family in GEMM_FAMILIES + ("im2col_gemm",):
+            _assert_conv_matches(family, spec, None, 0)

@@ -131,11 +131,21 @@ def register_estimate(tiles: GemmTiles) -> int:
     return tiles.thread_m * tiles.thread_n + (tiles.thread_m + tiles.thread_n) * 4 + REGISTER_OVERHEAD
 
 
-def min_blocks(tiles: GemmTiles) -> int:
+def min_blocks(tiles: GemmTiles, loader_registers: int) -> int:
     """The CTAs per SM that ``__launch_bounds__`` promises ptxas: as many as the register estimate
-    allows.  Without it ptxas aims at its own occupancy target and spills accumulators."""
-    per_thread = -(-register_estimate(tiles) // 8) * 8
-    return max(1, REGISTER_FILE // (tiles.threads * per_thread))
+    (with the loaders' state and a quarter for slack) allows.  Without it ptxas aims at its own
+    occupancy target and spills accumulators."""
+    per_thread = -(-(register_estimate(tiles) + loader_registers) * 5 // 4 // 8) * 8
+    return max(1, REGISTER_FILE // (tiles.threads * min(per_thread, REGISTER_LIMIT + 1)))
+
+
+def loader_registers(tiles: GemmTiles, a_load: dict, b_load: dict, a_vec: int, b_vec: int, checked: int) -> int:
+    """Per-thread loader state: each A row slot keeps a base and an origin per padded axis, each
+    B row slot a base; register staging also holds a whole slice."""
+    state = a_load["row_slots"] * (2 + checked) + b_load["row_slots"] * 2
+    if not tiles.async_copy:
+        state += (a_load["row_slots"] * a_load["group_slots"] * a_vec + b_load["row_slots"] * b_load["group_slots"] * b_vec)
+    return state
 
 
 def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
@@ -198,7 +208,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "lanes_m": tiles.warp_m // tiles.thread_m, "lanes_n": tiles.warp_n // tiles.thread_n,
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
         "stages": tiles.stages, "async_copy": tiles.async_copy, "KV": 4 if tiles.vector_smem else 1,
-        "precomp": tiles.precomp, "threads": threads, "min_blocks": min_blocks(tiles),
+        "precomp": tiles.precomp, "threads": threads,
+        "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,

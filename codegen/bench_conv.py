@@ -1,0 +1,243 @@
+"""``convgen bench conv``: the convolution families against cuDNN fp32 on the twelve layers and
+the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU).
+
+Per layer: implicit GEMM, im2win, im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
+(TF32 off, ``cudnn.benchmark`` on), each timed with CUDA events (warm-up, median), checked
+against cuDNN's output, with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
+extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
+peak of PyTorch's allocator during the call minus the output.  The ablation reruns im2win with
+one optimisation removed at a time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from codegen.bench import layer_spec, load_shapes, median_seconds
+from codegen.spec import ConvSpec
+
+FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
+DIRECT_CANDIDATES = ("tiled_register", "tiled_halo", "basic")
+FP32_PEAK_TFLOPS = 67.0
+"""H100 SXM fp32 FMA datasheet peak; the target is 75% of it (50 TFLOP/s)."""
+
+
+def _extra_bytes(kernel) -> int:
+    """Workspaces plus the precomputed row table baked into the module."""
+    table = kernel.plan.context.get("table") or []
+    width = kernel.plan.context.get("table_width", 1)
+    return kernel.plan.workspace_bytes + len(table) * (4 if width == 1 else 16)
+
+
+def _cudnn(spec: ConvSpec, x_torch, w_torch):
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    conv = F.conv2d if spec.dims == 2 else F.conv3d
+    return lambda: conv(x_torch, w_torch, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+
+
+def _cudnn_extra_bytes(run, output_bytes: int) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = run()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - output_bytes
+    del result
+    return max(0, extra)
+
+
+def _direct_tiles(spec: ConvSpec, variant: str) -> dict:
+    from codegen.families import get_family
+
+    return get_family("direct").complete_tiles(spec, {"variant": variant}).to_dict()
+
+
+def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
+                tiles_for=None) -> list[dict]:
+    """Every family (and the im2win ablation) and cuDNN on one layer; ``tiles_for(family, spec)``
+    may override the heuristic (the tuner's ``--tuned`` runs)."""
+    import cupy
+    import torch
+
+    from codegen.api import build
+    from codegen.families import im2win
+    from codegen.families.gemm import flops as gemm_flops
+    from codegen.index import IndexAlgebra
+    from codegen.spec import SpecError
+
+    alg = IndexAlgebra(spec)
+    flops = gemm_flops(spec)
+    rng = cupy.random.default_rng(11)
+    x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
+    w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
+    y = cupy.empty(alg.output_shape, dtype=cupy.float32)
+    x_torch, w_torch = torch.from_dlpack(x), torch.from_dlpack(w)
+    last = (0, spec.dims + 1, *range(1, spec.dims + 1))
+    if spec.layout.channels_last:
+        x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
+    run_cudnn = _cudnn(spec, x_torch, w_torch)
+    theirs = run_cudnn().double()
+    cudnn_seconds = median_seconds(run_cudnn, repeats)
+    cudnn_extra = _cudnn_extra_bytes(run_cudnn, math.prod(alg.output_shape) * 4)
+    norm = float(theirs.norm())
+    common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
+              "cudnn_ms": cudnn_seconds * 1e3, "cudnn_tflops": flops / cudnn_seconds / 1e12,
+              "cudnn_extra_bytes": cudnn_extra}
+
+    def measure(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
+        row = {**common, "family": family, "variant": variant, "ablation": ablated}
+        try:
+            kernel = build(family, spec, tiles)
+        except SpecError as err:
+            return {**row, "skipped": str(err)}
+        y.fill(float("nan"))
+        kernel.launch([x, w], y)
+        ours = torch.from_dlpack(y)
+        if spec.layout.channels_last:
+            ours = ours.permute(*last)
+        error = float((ours.double() - theirs).norm()) / (norm or 1.0)
+        family_repeats = repeats if family != "direct" else max(2, repeats // 3)
+        seconds = median_seconds(lambda: kernel.launch([x, w], y), family_repeats, warmup=1)
+        return {**row, "tiles": kernel.plan.tiles.describe(), "ms": seconds * 1e3,
+                "tflops": flops / seconds / 1e12, "speedup_vs_cudnn": cudnn_seconds / seconds,
+                "extra_bytes": _extra_bytes(kernel), "relative_error_vs_cudnn": error}
+
+    rows = []
+    for family in families:
+        if family == "direct":
+            candidates = [measure("direct", v, _direct_tiles(spec, v)) for v in DIRECT_CANDIDATES]
+            timed = [r for r in candidates if "ms" in r]
+            rows.append(min(timed, key=lambda r: r["ms"]) if timed else candidates[0])
+            continue
+        tiles = tiles_for(family, spec) if tiles_for else None
+        rows.append(measure(family, "heuristic" if tiles is None else "tuned", tiles))
+    if ablation and "im2win" in families:
+        base = im2win.FAMILY.default_tiles(spec)
+        for removed in im2win.ABLATIONS:
+            rows.append(measure("im2win", f"without {removed}", im2win.ablation(base, removed).to_dict(), removed))
+    del x, w, y, x_torch, w_torch, theirs
+    cupy.get_default_memory_pool().free_all_blocks()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("NCHW", "NCDHW"), layers=None,
+               families=FAMILIES, ablation: bool = True, tiles_for=None, name: str = "conv") -> list[dict]:
+    shapes = load_shapes()
+    results: list[dict] = []
+    start = time.perf_counter()
+    chosen = [l for l in shapes["conv2d_mec"] + shapes["conv3d"] if not layers or l["name"] in layers]
+    for index, layer in enumerate(chosen, 1):
+        dims = 3 if "D" in layer else 2
+        for layout in [l for l in layouts if len(l) - 2 == dims]:
+            spec = layer_spec(layer, layout, layer.get("N", 128))
+            rows = bench_layer(spec, layer["name"], repeats, families, ablation, tiles_for)
+            results.extend(rows)
+            best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
+            print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
+                  f"{best['family'] if best else '-'} {best['ms'] if best else float('nan'):.3f} ms "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot(results, out_dir / f"{name}.png")
+    return results
+
+
+def format_table(results: list[dict]) -> str:
+    """One line per layer: TFLOP/s and ratio to cuDNN of each family, extra memory in MiB."""
+    families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
+    head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(f" {f[:13]:>13}" for f in families)
+    lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
+    memory = ["extra device memory, MiB", head, "-" * len(head)]
+    keyed = {}
+    for r in results:
+        if not r["ablation"]:
+            keyed[(r["layer"], r["layout"], r["family"])] = r
+    for layer, layout in dict.fromkeys((r["layer"], r["layout"]) for r in results):
+        first = next(r for r in results if r["layer"] == layer and r["layout"] == layout)
+        cells, mem = [], []
+        for f in families:
+            r = keyed.get((layer, layout, f))
+            if r is None or "ms" not in r:
+                cells.append(f" {'refused':>13}")
+                mem.append(f" {'-':>13}")
+                continue
+            cells.append(f" {r['tflops']:6.1f} ({r['speedup_vs_cudnn']:4.2f})")
+            mem.append(f" {r['extra_bytes'] / 2**20:13.1f}")
+        lines.append(f"{layer:11} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells))
+        memory.append(f"{layer:11} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
+    ablation = [r for r in results if r["ablation"] and "ms" in r]
+    text = "\n".join(lines + [""] + memory)
+    if ablation:
+        base = {(r["layer"], r["layout"]): r for r in results if r["family"] == "im2win" and not r["ablation"] and "ms" in r}
+        text += "\n\nim2win ablation: TFLOP/s with one optimisation removed (full im2win in the first column)\n"
+        text += f"{'layer':11} {'layout':6} {'full':>6} {'-micro':>7} {'-vector':>8} {'-prefetch':>9}\n"
+        for key, full in base.items():
+            values = {r["ablation"]: r["tflops"] for r in ablation if (r["layer"], r["layout"]) == key}
+            text += (f"{key[0]:11} {key[1]:6} {full['tflops']:6.1f} {values.get('micro_kernel', math.nan):7.1f} "
+                     f"{values.get('vectorized', math.nan):8.1f} {values.get('prefetch', math.nan):9.1f}\n")
+    return text
+
+
+def plot(results: list[dict], path: Path) -> bool:
+    """TFLOP/s per layer and family with cuDNN (Figure 2), extra memory (Figure 3), ablation (Figure 4)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    main = [r for r in results if not r["ablation"] and "ms" in r]
+    if not main:
+        return False
+    keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))
+    labels = [f"{layer}\n{layout}" for layer, layout in keys]
+    families = [f for f in FAMILIES if any(r["family"] == f for r in main)]
+    fig, axes = plt.subplots(3, 1, figsize=(max(10, len(keys) * 0.9), 11))
+    width = 0.8 / (len(families) + 1)
+    xs = np.arange(len(keys))
+    cudnn = {(r["layer"], r["layout"]): r for r in results}
+    for j, family in enumerate(families):
+        values = {(r["layer"], r["layout"]): r for r in main if r["family"] == family}
+        axes[0].bar(xs + j * width, [values[k]["tflops"] if k in values else 0 for k in keys], width, label=family)
+        axes[1].bar(xs + j * width, [values[k]["extra_bytes"] / 2**20 if k in values else 0 for k in keys], width,
+                    label=family)
+    axes[0].bar(xs + len(families) * width, [cudnn[k]["cudnn_tflops"] for k in keys], width, label="cuDNN fp32",
+                color="grey")
+    axes[1].bar(xs + len(families) * width, [cudnn[k]["cudnn_extra_bytes"] / 2**20 for k in keys], width,
+                label="cuDNN fp32", color="grey")
+    axes[0].axhline(0.75 * FP32_PEAK_TFLOPS, color="k", linestyle="--", linewidth=1, label="75% of fp32 peak")
+    axes[0].set_ylabel("effective TFLOP/s")
+    axes[1].set_ylabel("extra memory, MiB")
+    axes[1].set_yscale("symlog")
+    ablation = [r for r in results if r["ablation"] and "ms" in r]
+    full = {(r["layer"], r["layout"]): r["tflops"] for r in main if r["family"] == "im2win"}
+    removed_kinds = list(dict.fromkeys(r["ablation"] for r in ablation))
+    axes[2].bar(xs, [full.get(k, 0) for k in keys], 0.8 / (len(removed_kinds) + 1), label="im2win (all)")
+    for j, removed in enumerate(removed_kinds, 1):
+        values = {(r["layer"], r["layout"]): r["tflops"] for r in ablation if r["ablation"] == removed}
+        axes[2].bar(xs + j * 0.8 / (len(removed_kinds) + 1), [values.get(k, 0) for k in keys],
+                    0.8 / (len(removed_kinds) + 1), label=f"without {removed}")
+    axes[2].set_ylabel("im2win TFLOP/s")
+    for ax in axes:
+        ax.set_xticks(xs + 0.4 - width / 2)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.legend(fontsize=7, ncol=4)
+    axes[0].set_title("fp32 convolution, batch as in shapes.json, H100 (same run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
