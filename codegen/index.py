@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 import sympy
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.numpy import NumPyPrinter
 
 from codegen.spec import ConvSpec
 
@@ -324,9 +325,25 @@ class IndexAlgebra:
         return "int" if self.largest_index(padded_threads) <= INT32_MAX else "long long"
 
 
+class IntegerNumPyPrinter(NumPyPrinter):
+    """Prints floor(a/b) as ``a // b`` and Mod as ``%``: numpy then divides integers exactly, as
+    the C kernels do.  Without it, floor(row/49) becomes floor((1/49)*row), and the float
+    product of 49 and 1/49 is just under 1 (which once corrupted a precomputed row table)."""
+
+    def _print_floor(self, expr):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if den == 1:
+            return self._print(num)
+        return f"(({self._print(num)}) // ({self._print(den)}))"
+
+    def _print_Mod(self, expr):
+        a, b = expr.args
+        return f"(({self._print(a)}) % ({self._print(b)}))"
+
+
 def lambdify(symbols, expr):
-    """The same expression as a numpy callable, for CPU tests of the maps."""
-    return sympy.lambdify(symbols, expr, modules="numpy")
+    """The same expression as a numpy callable on integer arrays, for the maps and tables."""
+    return sympy.lambdify(symbols, expr, modules="numpy", printer=IntegerNumPyPrinter)
 
 
 def axis_bounds(algebra: IndexAlgebra) -> list[str]:

@@ -196,7 +196,13 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     a_vec = 4 if tiles.vector_load and a_vector_ok else 1
     b_vec = 4 if tiles.vector_load and gemm_k % 4 == 0 else 1
     threads = tiles.threads
-    a_load = _loader(tiles.block_m, tiles.block_k // a_vec, threads, a_m_fastest and a_vec == 1, "tiles.block_m", tiles)
+    try:
+        a_load = _loader(tiles.block_m, tiles.block_k // a_vec, threads, a_m_fastest and a_vec == 1, "tiles.block_m", tiles)
+    except SpecError:
+        if not (a_m_fastest and a_vec == 1):
+            raise
+        # Thread counts like 192 split no 128-row tile: load along k instead (less coalesced, still right).
+        a_load = _loader(tiles.block_m, tiles.block_k, threads, False, "tiles.block_m", tiles)
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
     table = index.row_table(alg, terms) if tiles.precomp else []
