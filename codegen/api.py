@@ -14,7 +14,7 @@ from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, KernelPlan
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import Tiles
+from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
 
 
 class LaunchError(ValueError):
@@ -26,15 +26,30 @@ def has_gpu() -> bool:
 
 
 def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> KernelPlan:
-    """Validate ``tiles`` for ``family`` (heuristic when None) and return the family's plan."""
+    """Validate ``tiles`` for ``family`` (None: the tuned configuration for this GPU if one was
+    recorded by ``convgen tune``, else the heuristic) and return the family's plan."""
     fam = get_family(family)
     if tiles is None:
-        tiles = fam.default_tiles(spec)
+        tiles = _tuned_or_default(fam, spec)
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
         raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
     return fam.plan(spec, tiles)
+
+
+def _tuned_or_default(fam, spec: ConvSpec) -> Tiles:
+    """The tuned configuration recorded for this GPU and version when there is one (and it still
+    plans), else the heuristic; a database problem never stops a build."""
+    from codegen.tune import tuned_tiles
+
+    try:
+        tuned = tuned_tiles(fam.name, spec)
+        if tuned is not None:
+            return fam.tiles_type.from_dict(tuned)
+    except (SpecError, TypeError, ValueError):
+        pass
+    return fam.default_tiles(spec)
 
 
 @dataclass
@@ -109,10 +124,25 @@ class Kernel:
                 _blas_gemm(step, by_name, stream)
                 continue
             function = self._function(device_id, step.kernel)
+            if step.shared_bytes > STATIC_SHARED_LIMIT:
+                self._opt_in_shared(device_id, step)
             args = tuple(by_name[b.name] for b in self.plan.launch_args(step))
             if step.offsets:
                 args = tuple(a.ravel()[offset:] for a, offset in zip(args, step.offsets))
             function(step.grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
+
+    def _opt_in_shared(self, device_id: int, step) -> None:
+        """Above 48 KB of dynamic shared memory a kernel must opt in, once per loaded module."""
+        import cupy
+        from cupy_backends.cuda.api import driver
+
+        key = ("opted", step.kernel)
+        loaded = self._functions[device_id]
+        if key not in loaded:
+            with cupy.cuda.Device(device_id):
+                driver.funcSetAttribute(self._function(device_id, step.kernel).ptr,
+                                        driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, step.shared_bytes)
+            loaded[key] = True
 
     def _global(self, device_id: int, symbol: str):
         """The device address of a ``__constant__`` symbol of the loaded module."""

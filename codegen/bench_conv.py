@@ -65,14 +65,15 @@ def _direct_tiles(spec: ConvSpec, variant: str) -> dict:
 
 
 def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
-                tiles_for=None) -> list[dict]:
-    """Every family (and the im2win ablation) and cuDNN on one layer; ``tiles_for(family, spec)``
-    may override the heuristic (the tuner's ``--tuned`` runs)."""
+                tuned: bool = False) -> list[dict]:
+    """Every family (and the im2win ablation) and cuDNN on one layer, with the heuristic's tiles;
+    ``tuned`` adds the tuning database's configuration of the GEMM families next to them."""
     import cupy
     import torch
 
     from codegen.api import build
-    from codegen.families import im2win
+    from codegen.families import get_family, im2win
+    from codegen.tune import tuned_tiles
     from codegen.families.gemm import flops as gemm_flops
     from codegen.index import IndexAlgebra
     from codegen.spec import SpecError
@@ -121,8 +122,12 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
             timed = [r for r in candidates if "ms" in r]
             rows.append(min(timed, key=lambda r: r["ms"]) if timed else candidates[0])
             continue
-        tiles = tiles_for(family, spec) if tiles_for else None
-        rows.append(measure(family, "heuristic" if tiles is None else "tuned", tiles))
+        rows.append(measure(family, "heuristic", get_family(family).default_tiles(spec).to_dict()))
+        if tuned and family in ("implicit_gemm", "im2win"):
+            recorded = tuned_tiles(family, spec)
+            rows.append(measure(family, "tuned", recorded) if recorded else
+                        {**common, "family": family, "variant": "tuned", "ablation": None,
+                         "skipped": "no tuned entry for this GPU and version (run convgen tune)"})
     if ablation and "im2win" in families:
         base = im2win.FAMILY.default_tiles(spec)
         for removed in im2win.ABLATIONS:
@@ -134,7 +139,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
 
 
 def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("NCHW", "NCDHW"), layers=None,
-               families=FAMILIES, ablation: bool = True, tiles_for=None, name: str = "conv") -> list[dict]:
+               families=FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv") -> list[dict]:
     shapes = load_shapes()
     results: list[dict] = []
     start = time.perf_counter()
@@ -143,7 +148,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
         dims = 3 if "D" in layer else 2
         for layout in [l for l in layouts if len(l) - 2 == dims]:
             spec = layer_spec(layer, layout, layer.get("N", 128))
-            rows = bench_layer(spec, layer["name"], repeats, families, ablation, tiles_for)
+            rows = bench_layer(spec, layer["name"], repeats, families, ablation, tuned)
             results.extend(rows)
             best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
             print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
@@ -158,18 +163,22 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
 def format_table(results: list[dict]) -> str:
     """One line per layer: TFLOP/s and ratio to cuDNN of each family, extra memory in MiB."""
     families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
-    head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(f" {f[:13]:>13}" for f in families)
+    families = [c for f in families for c in ((f, "heuristic"), (f, "tuned")) if any(
+        r["family"] == f and r["variant"] == c[1] for r in results) or (c[1] == "heuristic" and f == "direct")]
+    head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
+        f" {(f if v == 'heuristic' else f[:7] + ' tuned')[:13]:>13}" for f, v in families)
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", head, "-" * len(head)]
     keyed = {}
     for r in results:
         if not r["ablation"]:
-            keyed[(r["layer"], r["layout"], r["family"])] = r
+            variant = "tuned" if r["variant"] == "tuned" else "heuristic"
+            keyed[(r["layer"], r["layout"], r["family"], variant)] = r
     for layer, layout in dict.fromkeys((r["layer"], r["layout"]) for r in results):
         first = next(r for r in results if r["layer"] == layer and r["layout"] == layout)
         cells, mem = [], []
-        for f in families:
-            r = keyed.get((layer, layout, f))
+        for f, v in families:
+            r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
                 cells.append(f" {'refused':>13}")
                 mem.append(f" {'-':>13}")
@@ -181,7 +190,8 @@ def format_table(results: list[dict]) -> str:
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     text = "\n".join(lines + [""] + memory)
     if ablation:
-        base = {(r["layer"], r["layout"]): r for r in results if r["family"] == "im2win" and not r["ablation"] and "ms" in r}
+        base = {(r["layer"], r["layout"]): r for r in results
+            if r["family"] == "im2win" and r["variant"] == "heuristic" and "ms" in r}
         text += "\n\nim2win ablation: TFLOP/s with one optimisation removed (full im2win in the first column)\n"
         text += f"{'layer':11} {'layout':6} {'full':>6} {'-micro':>7} {'-vector':>8} {'-prefetch':>9}\n"
         for key, full in base.items():
@@ -200,7 +210,7 @@ def plot(results: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    main = [r for r in results if not r["ablation"] and "ms" in r]
+    main = [r for r in results if not r["ablation"] and r["variant"] != "tuned" and "ms" in r]
     if not main:
         return False
     keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))

@@ -208,12 +208,60 @@ def cmd_bench(args) -> int:
 
         results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats,
                                         layouts=args.layouts or ("NCHW", "NCDHW"), layers=args.layers,
-                                        ablation=not args.no_ablation)
+                                        ablation=not args.no_ablation, tuned=args.tuned)
         print(bench_conv.format_table(results))
         return 0
     results = bench.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
                                         out_dir=Path(args.out), repeats=args.repeats)
     print(bench.format_table(results))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from codegen import tune
+
+    db = tune.TuningDB(args.db)
+    if args.show:
+        entries = db.entries()
+        if not entries:
+            print(f"no tuned entries in {db.path}")
+        for entry in entries.values():
+            spec = ConvSpec.from_dict(entry["spec"])
+            base = f", heuristic {entry['heuristic_ms']:.3f} ms" if entry.get("heuristic_ms") else ""
+            print(f"{entry['family']:13} {spec.describe()}\n    {entry['gpu']} {entry['arch']} convgen "
+                  f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}\n    "
+                  + " ".join(f"{k}={v}" for k, v in entry["tiles"].items()))
+        return 0
+    if args.export:
+        print(f"wrote {db.export(args.export)} entries to {args.export}")
+        return 0
+    if args.import_:
+        print(f"merged {db.import_(args.import_)} entries into {db.path}")
+        return 0
+    if not args.family:
+        raise Fail("tune needs a FAMILY (or --show, --export, --import)")
+    if args.tile:
+        raise Fail("tune searches the tiles itself; drop --tile")
+    _require_gpu("convgen tune")
+    if args.layer:
+        from codegen.bench import layer_spec, load_shapes
+
+        shapes = load_shapes()
+        layers = {l["name"]: l for group in ("conv2d_mec", "conv3d", "filter2d") for l in shapes[group]}
+        if args.layer not in layers:
+            raise SpecError("--layer", args.layer, f"must be one of {', '.join(layers)}")
+        layer = layers[args.layer]
+        dims = 3 if "D" in layer else 2
+        layout = (args.layout or ("NCHW" if dims == 2 else "NCDHW")).upper()
+        spec = layer_spec(layer, layout, layer["N"])
+    else:
+        spec = spec_from_args(args)
+    result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db)
+    print(tune.format_result(result, args.top))
+    if result.best is None:
+        print("no configuration passed the reference check; nothing recorded", file=sys.stderr)
+        return 1
+    print(f"recorded in {db.path}")
     return 0
 
 
@@ -270,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     def family_command(name, helptext, func):
         cmd = sub.add_parser(name, help=helptext, description=helptext, epilog=EPILOG,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        cmd.add_argument("family", help="kernel family: im2col, col2im or direct")
+        cmd.add_argument("family", help="kernel family: im2col, col2im, direct, implicit_gemm, im2win or "
+                         "im2col_gemm (see 'convgen families')")
         add_spec_flags(cmd)
         cmd.set_defaults(func=func)
         return cmd
@@ -295,10 +344,34 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--layouts", nargs="+", help="default NCHW NHWC (im2col, col2im); NCHW NCDHW (conv: "
                            "2D layers run in the 2D layouts given, 3D layers in the 3D ones)")
     bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
+    bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
+                           "configurations (tuned against heuristic against cuDNN)")
     bench_cmd.add_argument("--layers", nargs="+", help="layer names (default all twelve)")
     bench_cmd.add_argument("--repeats", type=int, default=10)
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
     bench_cmd.set_defaults(func=cmd_bench)
+
+    tune_cmd = sub.add_parser(
+        "tune", help="autotune a family's tiles for a spec on this GPU and record the winner",
+        description="Search the family's tile space (limits and the compiler's resource report prune it "
+        "first), check every candidate against a reference, time it with CUDA events and record the fastest "
+        "in the tuning database, which build() then uses for this spec, GPU and convgen version.",
+        epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
+        "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
+        "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune_cmd.add_argument("family", nargs="?", help="implicit_gemm, im2win, im2col_gemm or direct")
+    add_spec_flags(tune_cmd)
+    tune_cmd.add_argument("--layer", help="take the spec from shapes.json (e.g. conv4, c3d_conv2); --layout applies")
+    tune_cmd.add_argument("--budget", type=float, default=60.0, help="seconds of tuning (default 60)")
+    tune_cmd.add_argument("--max-configs", type=int, default=200, help="configurations to try at most (default 200)")
+    tune_cmd.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    tune_cmd.add_argument("--top", type=int, default=10, help="configurations in the final table (default 10)")
+    tune_cmd.add_argument("--db", help="tuning database (default $CONVGEN_TUNING_DB or <cache dir>/tuning.json)")
+    tune_cmd.add_argument("--show", action="store_true", help="list the database's entries and exit")
+    tune_cmd.add_argument("--export", metavar="FILE", help="write the database's entries to FILE and exit")
+    tune_cmd.add_argument("--import", dest="import_", metavar="FILE", help="merge FILE's entries and exit")
+    tune_cmd.set_defaults(func=cmd_tune)
 
     cache_cmd = sub.add_parser("cache", help="show or clear the on-disk kernel cache ($CONVGEN_CACHE_DIR)")
     cache_cmd.add_argument("action", choices=("info", "clear"))

@@ -19,7 +19,7 @@ from codegen.spec import ConvSpec, Layout, SpecError
 @st.composite
 def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = None, max_size: int = 12,
           max_channels: int = 9, vector_pitch: bool | None = None, max_elements: int = 1 << 18,
-          max_k: int = 4) -> ConvSpec:
+          max_k: int = 4, max_filter: int | None = None) -> ConvSpec:
     """Valid small specs: sizes of 1, padding, dilation, strides larger than the filter, odd pitches.
 
     ``vector_pitch=True`` draws channels-last specs whose pitch is a multiple of 4 (the DECX kernels);
@@ -31,7 +31,7 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
     layout = draw(st.sampled_from(allowed))
     size_cap = max_size if dims == 2 else max(4, max_size // 2)
     sizes = tuple(draw(st.integers(1, size_cap)) for _ in range(dims))
-    filters = tuple(draw(st.integers(1, 4 if dims == 3 else 5)) for _ in range(dims))
+    filters = tuple(draw(st.integers(1, max_filter or (4 if dims == 3 else 5))) for _ in range(dims))
     dilation = tuple(draw(st.integers(1, 3)) for _ in range(dims))
     padding = tuple(draw(st.integers(0, 3)) for _ in range(dims))
     stride = tuple(draw(st.integers(1, 4)) for _ in range(dims))

@@ -13,6 +13,8 @@ from codegen.spec import SpecError
 
 MAX_THREADS_PER_BLOCK = 1024
 STATIC_SHARED_LIMIT = 48 * 1024
+DYNAMIC_SHARED_LIMIT = 227 * 1024
+"""Opt-in dynamic shared memory per block on sm_90 (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
 
 
 @dataclass(frozen=True)

@@ -327,3 +327,52 @@ def test_gemm_families_on_edge_shapes():
     for spec in edge:
         for family in GEMM_FAMILIES + ("im2col_gemm",):
             _assert_conv_matches(family, spec, None, 0)
+
+
+def test_tuning_a_small_spec_keeps_its_budget_and_picks_a_correct_configuration(tmp_path):
+    import time
+
+    from codegen import tune
+    from codegen.fuzz import relative_error
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=8, c=32, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    start = time.monotonic()
+    result = tune.tune("implicit_gemm", spec, budget=20, max_configs=40, db=db, progress=False)
+    assert time.monotonic() - start < 20 + 15          # one batch may finish past the deadline
+    assert result.best is not None and result.best.status == "ok"
+    assert db.lookup("implicit_gemm", spec, tune.current_device()) == result.best.tiles
+    out, expected = run_on_gpu("implicit_gemm", spec, result.best.tiles, 3)
+    assert relative_error(out, expected) < 1e-6
+
+
+def test_tuner_never_chooses_a_planted_wrong_candidate(tmp_path, monkeypatch):
+    """Test-only switch: candidates with block_k=32 skip their last K slice (faster, wrong)."""
+    from codegen import tune
+    from codegen.families import gemm, get_family
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=16, c=64, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
+    real_context = gemm.context
+
+    def planted(spec_, tiles, *args, **kwargs):
+        context = real_context(spec_, tiles, *args, **kwargs)
+        if tiles.block_k == 32:
+            context["k_tiles"] -= 1
+        return context
+
+    monkeypatch.setattr(gemm, "context", planted)
+    family = get_family("implicit_gemm")
+    base = family.default_tiles(spec).to_dict()
+    space = [base, dict(base, block_k=32, stages=2), dict(base, block_k=16)]
+    monkeypatch.setattr(type(family), "tuning_space", lambda self, s: space)
+    result = tune.tune("implicit_gemm", spec, budget=60, max_configs=10, db=tune.TuningDB(tmp_path / "t.json"),
+                       progress=False)
+    statuses = {json_key(t.tiles): t.status for t in result.trials}
+    assert statuses[json_key(space[1])] == "wrong"
+    assert result.best.tiles != space[1]
+
+
+def json_key(tiles):
+    import json
+
+    return json.dumps(tiles, sort_keys=True)

@@ -130,3 +130,20 @@ def test_lambdified_maps_agree_with_python_integer_arithmetic():
         expected = np.unravel_index(col, extents)
         assert [int(f(col)) for f in coords] == [int(v) for v in expected]
     assert alg.cols == math.prod(extents)
+
+
+@given(spec=specs(max_size=14, max_filter=11, max_channels=5, max_k=6), seed=st.integers(0, 2**16),
+       family=st.sampled_from(("implicit_gemm", "im2win")))
+def test_gemm_maps_with_large_filters(spec, seed, family):
+    """The GEMM view (per-pixel base + per-row delta, the precomputed table, the im2win tensor)
+    against the slicing reference, with filters up to 11 taps per axis."""
+    assert check_index_maps(family, spec, seed) is None
+
+
+def test_row_table_is_exact_where_float_division_rounds_down():
+    """floor(49/49) evaluated as floor(49 * (1/49)) is 0: the table must use integer division."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=1, input_size=(20, 20), filter_size=(7, 7), stride=2)
+    alg = IndexAlgebra(spec)
+    table = index.row_table(alg, index.gemm_terms(alg, "image"))
+    expected = [c * 400 + r * 20 + s for c in range(3) for r in range(7) for s in range(7)]
+    assert [entry[0] for entry in table] == expected

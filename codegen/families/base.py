@@ -150,6 +150,10 @@ class Family:
     def default_tiles(self, spec: ConvSpec) -> Tiles:
         raise NotImplementedError
 
+    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+        """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""
+        return []
+
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> Tiles:
         """The tiles a user asked for, the rest from the heuristic."""
         return self.tiles_type.from_dict({**self.default_tiles(spec).to_dict(), **requested})

@@ -104,6 +104,18 @@ class Direct(Family):
         rows = max(1, min(8, out_h, 256 // across))
         return DirectTiles(variant="tiled_register", tile_h=rows, tile_w=per * across, per_thread=per)
 
+    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+        """Both one-thread-per-output variants at three block sizes, the tiled variants at square
+        and wide tiles, and the register-blocked one at 2-8 outputs per thread."""
+        space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
+        for variant in ("tiled_halo", "tiled_cache"):
+            space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
+        for per in (2, 4, 8):
+            for rows in (4, 8, 16):
+                space.append(DirectTiles(variant="tiled_register", tile_h=rows, tile_w=32 * per // 2,
+                                         per_thread=per).to_dict())
+        return space
+
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> DirectTiles:
         """Unset tiles come from the heuristic of the requested variant."""
         base = self.register_tiles(spec) if requested.get("variant") == "tiled_register" else self.default_tiles(spec)

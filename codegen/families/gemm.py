@@ -10,6 +10,7 @@ The kernel is CUTLASS's SIMT structure: a CTA tile block_m x block_n advanced ov
 block_k slices, ``stages`` shared-memory buffers filled by ``cp.async`` (or by registers when
 ``async_copy`` is off) so the next slices load while this one is multiplied, warps owning
 warp_m x warp_n sub-tiles and threads thread_m x thread_n outer products (the micro-kernel).
+Shared memory is dynamic (up to 227 KB on sm_90, opted into by the launchers above 48 KB).
 Both operands sit in shared memory k-contiguous ([rows][block_k + 4]), so one float4 read gives
 a thread four k-steps of a fragment and the +4 pad keeps eight consecutive rows on distinct banks.
 """
@@ -20,7 +21,7 @@ from typing import ClassVar
 
 from codegen import index
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block
+from codegen.tiles import DYNAMIC_SHARED_LIMIT, STATIC_SHARED_LIMIT, TileParam, Tiles, check_block
 
 SMEM_PAD = 4
 REGISTER_LIMIT = 255
@@ -110,10 +111,10 @@ def check_geometry(tiles: GemmTiles) -> None:
         raise SpecError("tiles.stages", tiles.stages, "more than 2 stages need async_copy (register staging "
                         "double-buffers only)")
     shared = shared_bytes(tiles)
-    if shared > STATIC_SHARED_LIMIT:
+    if shared > DYNAMIC_SHARED_LIMIT:
         raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of ({tiles.block_m}+{tiles.block_n})"
                         f"x{tiles.block_k + SMEM_PAD} floats need {shared} bytes of shared memory; at most "
-                        f"{STATIC_SHARED_LIMIT} are allowed")
+                        f"{DYNAMIC_SHARED_LIMIT} are allowed (sm_90 opt-in dynamic shared memory)")
     registers = register_estimate(tiles)
     if registers > REGISTER_LIMIT:
         raise SpecError("tiles.thread_m/thread_n", (tiles.thread_m, tiles.thread_n),
@@ -156,7 +157,7 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory), warps shaped so that a
       warp's stores are 8 floats contiguous in the output's fast axis (pixels channels-first,
       channels channels-last); smaller tiles shrink the micro-tile to keep 32 lanes per warp;
-    - block_k 8 with 3 cp.async stages (2 when shared memory is short);
+    - block_k 8 with 3 cp.async stages (dynamic shared memory; above 48 KB the launcher opts in);
     - vector loads where the layout allows, precomputed row offsets always.
     """
     alg = index.IndexAlgebra(spec)
@@ -172,9 +173,33 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n, channels_last)
     tiles = GemmTiles(block_m=block_m, block_n=block_n, block_k=8, warp_m=warp_m, warp_n=warp_n,
                       thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok)
-    if shared_bytes(tiles) > STATIC_SHARED_LIMIT:
-        tiles = GemmTiles(**{**tiles.to_dict(), "stages": 2})
     return tiles
+
+
+def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
+    """Every tile configuration the tuner may try: CTA tiles 32-256 (block_n no wider than the
+    channels need), block_k 8-32, 4x4 to 8x8 micro-tiles, four warp shapes, 2-4 stages, with and
+    without the row table; kept only if ``check_geometry`` accepts it."""
+    gemm_n = spec.k
+    widest = max(32, -(-gemm_n // 32) * 32)
+    space = []
+    for block_m in (32, 64, 128, 256):
+        for block_n in (b for b in (32, 64, 96, 128, 256) if b <= widest):
+            for block_k in (8, 16, 32):
+                for thread_m, thread_n in ((4, 4), (4, 8), (8, 4), (8, 8)):
+                    for lanes_m in (2, 4, 8, 16):
+                        for stages in (2, 3, 4):
+                            for precomp in (True, False):
+                                tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k,
+                                             warp_m=lanes_m * thread_m, warp_n=(32 // lanes_m) * thread_n,
+                                             thread_m=thread_m, thread_n=thread_n, stages=stages, async_copy=True,
+                                             vector_load=a_vector_ok, vector_smem=True, precomp=precomp)
+                                try:
+                                    check_geometry(GemmTiles(**tiles))
+                                except SpecError:
+                                    continue
+                                space.append(tiles)
+    return space
 
 
 def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int, channels_last: bool) -> tuple[int, int]:
@@ -214,7 +239,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "lanes_m": tiles.warp_m // tiles.thread_m, "lanes_n": tiles.warp_n // tiles.thread_n,
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
         "stages": tiles.stages, "async_copy": tiles.async_copy, "KV": 4 if tiles.vector_smem else 1,
-        "precomp": tiles.precomp, "threads": threads,
+        "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,

@@ -49,6 +49,9 @@ class Im2colGemm(Family):
         fitting = [d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= WORKSPACE_BUDGET]
         return Im2colGemmTiles(batch_chunk=max(fitting, default=1))
 
+    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+        return [{"batch_chunk": d} for d in range(1, spec.n + 1) if spec.n % d == 0]
+
     def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
         chunk = tiles.batch_chunk
         if spec.n % chunk:

@@ -60,6 +60,9 @@ class Im2win(Family):
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         return gemm.heuristic(spec, window_vector_ok(spec))
 
+    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+        return gemm.tuning_space(spec, window_vector_ok(spec))
+
     def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
         alg = self.algebra(spec)
         terms = index.gemm_terms(alg, "window")
@@ -71,7 +74,7 @@ class Im2win(Family):
         name = kernel_name(self.name, variant, spec, tiles)
         transform = Launch(f"{name}_transform", (grid_for(window_elements, TRANSFORM_THREADS), 1, 1),
                            (TRANSFORM_THREADS, 1, 1), args=("x", "win"))
-        conv = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), args=("win", "w", "y"))
+        conv = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles), args=("win", "w", "y"))
         padded = max(transform.threads, conv.threads, window_elements)
         context.update(index.template_context(alg, padded))
         context.update(convolution_selftest_context(alg))

@@ -33,6 +33,9 @@ class ImplicitGemm(Family):
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         return gemm.heuristic(spec, image_vector_ok(spec))
 
+    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+        return gemm.tuning_space(spec, image_vector_ok(spec))
+
     def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
         alg = self.algebra(spec)
         terms = index.gemm_terms(alg, "image")
@@ -40,7 +43,7 @@ class ImplicitGemm(Family):
         context = gemm.context(spec, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
         variant = "precomp" if tiles.precomp else "analytic"
         name = kernel_name(self.name, variant, spec, tiles)
-        launch = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1))
+        launch = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles))
         context.update(index.template_context(alg, launch.threads))
         context.update(convolution_selftest_context(alg))
         context.update(kernel=name, variant=variant, table_name=f"{name}_rows")

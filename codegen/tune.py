@@ -1,0 +1,391 @@
+"""Autotuning of tile parameters, and the tuning database that ``build`` consults.
+
+The search space comes from each family's declared tile parameters (``Family.tuning_space``),
+pruned in three steps before anything runs: the declared limits (every candidate must plan
+without a ``SpecError``: divisibility, threads, shared memory, the register estimate), then the
+compiled kernel's real resources from ptxas's report (spills or stack frames disqualify), then
+on the GPU a check of the candidate's output against an independent reference: a candidate that
+is fast and wrong never wins.
+
+Strategy (the space is hundreds to thousands of configurations; a budget allows dozens):
+1. the heuristic's configuration first, so the result is never worse than the default;
+2. if the space fits ``max_configs``, all of it (exhaustive); otherwise a seeded random sample
+   of half the allowance, compiled in parallel threads (NVRTC releases the GIL);
+3. local refinement: the best so far is perturbed one parameter at a time to its neighbouring
+   values (hill climbing, as Kernel Tuner's and Triton's refinements do) until no neighbour
+   improves or the budget or allowance runs out.
+Timing: CUDA events, warm-up, median of repeats, inputs rotated through enough copies to defeat
+the 50 MB L2 so that caches do not flatter small layers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from codegen import __version__
+from codegen.spec import ConvSpec, SpecError
+
+L2_BYTES = 50 << 20
+TOLERANCE = 1e-5
+
+
+@dataclass
+class Trial:
+    tiles: dict
+    seconds: float = math.nan
+    status: str = "pending"
+    """"ok", "wrong" (failed the reference check), "refused" (a limit), "spills" (ptxas report)."""
+    detail: str = ""
+
+
+@dataclass
+class TuneResult:
+    family: str
+    spec: ConvSpec
+    best: Trial | None
+    heuristic: Trial | None
+    trials: list[Trial] = field(default_factory=list)
+    seconds_spent: float = 0.0
+    space_size: int = 0
+
+    def top(self, count: int = 10) -> list[Trial]:
+        return sorted((t for t in self.trials if t.status == "ok"), key=lambda t: t.seconds)[:count]
+
+
+# -- database ----------------------------------------------------------------------------------
+def default_db_path() -> Path:
+    from codegen.compile import default_cache_dir
+
+    override = os.environ.get("CONVGEN_TUNING_DB")
+    return Path(override) if override else default_cache_dir() / "tuning.json"
+
+
+def entry_key(family: str, spec: ConvSpec, device: tuple[str, str], version: str = __version__) -> str:
+    """Family, spec (which is tile-free), GPU name, compute capability and generator version."""
+    return " | ".join((family, spec.describe(), device[0], device[1], version))
+
+
+class TuningDB:
+    """A JSON file of tuned configurations; every write replaces the file atomically, and a file
+    that does not parse is reported, moved aside (``*.corrupt-<time>``) and started afresh."""
+
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path else default_db_path()
+        self._entries: dict[str, dict] | None = None
+        self._stamp: float | None = None
+
+    def entries(self) -> dict[str, dict]:
+        stamp = self.path.stat().st_mtime if self.path.exists() else None
+        if self._entries is None or stamp != self._stamp:
+            self._entries, self._stamp = self._load(), stamp
+        return self._entries
+
+    def _load(self) -> dict[str, dict]:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError("no 'entries' object")
+            return data["entries"]
+        except (OSError, ValueError) as err:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, aside)
+                where = f"moved to {aside}"
+            except OSError:
+                where = "left in place"
+            warnings.warn(f"convgen: tuning database {self.path} is unreadable ({err}); {where}, using the "
+                          "heuristic until it is tuned again", stacklevel=3)
+            return {}
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(prefix=".tuning-", dir=self.path.parent)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump({"format": 1, "entries": entries}, out, indent=1, sort_keys=True)
+            os.replace(temp, self.path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        self._entries, self._stamp = entries, self.path.stat().st_mtime
+
+    def lookup(self, family: str, spec: ConvSpec, device: tuple[str, str]) -> dict | None:
+        entry = self.entries().get(entry_key(family, spec, device))
+        return dict(entry["tiles"]) if entry else None
+
+    def record(self, family: str, spec: ConvSpec, device: tuple[str, str], tiles: dict, **facts: Any) -> None:
+        entries = dict(self.entries())
+        entries[entry_key(family, spec, device)] = {
+            "family": family, "spec": spec.to_dict(), "gpu": device[0], "arch": device[1], "version": __version__,
+            "tiles": tiles, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"), **facts}
+        self._write(entries)
+
+    def export(self, path: Path | str) -> int:
+        entries = self.entries()
+        Path(path).write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True), encoding="utf-8")
+        return len(entries)
+
+    def import_(self, path: Path | str) -> int:
+        """Merge another database's entries (theirs win on equal keys); returns how many."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            incoming = data["entries"]
+            if not isinstance(incoming, dict):
+                raise ValueError("'entries' is not an object")
+            for key, entry in incoming.items():
+                if not isinstance(entry, dict) or not isinstance(entry.get("tiles"), dict):
+                    raise ValueError(f"entry {key!r} has no tiles")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SpecError("--import", str(path), f"is not a convgen tuning database ({err})") from None
+        self._write({**self.entries(), **incoming})
+        return len(incoming)
+
+
+_DEVICE: list = []
+
+
+def current_device() -> tuple[str, str] | None:
+    """(GPU name, sm_XX) of the current device, None without one (then nothing is looked up)."""
+    if not _DEVICE:
+        from codegen.compile import device_arch
+
+        arch = device_arch()
+        if arch is None:
+            _DEVICE.append(None)
+        else:
+            import cupy
+
+            name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+            _DEVICE.append((name.decode() if isinstance(name, bytes) else str(name), arch))
+    return _DEVICE[0]
+
+
+def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None) -> dict | None:
+    """The tuned configuration for this family, spec, GPU and version, if one was recorded."""
+    device = current_device()
+    if device is None:
+        return None
+    return (db or TuningDB()).lookup(family, spec, device)
+
+
+# -- search ------------------------------------------------------------------------------------
+def neighbours(tiles: dict, space: list[dict]) -> list[dict]:
+    """Configurations of ``space`` that differ from ``tiles`` in one parameter, by one step of that
+    parameter's sorted values."""
+    values = {key: sorted({c[key] for c in space}, key=lambda v: (str(type(v)), v)) for key in tiles}
+    members = {json.dumps(c, sort_keys=True) for c in space}
+    found = []
+    for key, options in values.items():
+        if tiles[key] not in options:
+            continue
+        position = options.index(tiles[key])
+        for step in (-1, 1):
+            if 0 <= position + step < len(options):
+                candidate = {**tiles, key: options[position + step]}
+                if json.dumps(candidate, sort_keys=True) in members:
+                    found.append(candidate)
+    return found
+
+
+def search(space: list[dict], first: dict, evaluate: Callable[[list[dict]], list[Trial]], max_configs: int,
+           deadline: float, seed: int = 0, progress: Callable[[Trial, Trial | None, int], None] | None = None,
+           clock: Callable[[], float] = time.monotonic) -> list[Trial]:
+    """Run the strategy of the module docstring; ``evaluate`` compiles and measures a batch."""
+    trials: dict[str, Trial] = {}
+
+    def run(batch: list[dict]) -> None:
+        batch = [c for c in batch if json.dumps(c, sort_keys=True) not in trials][: max_configs - len(trials)]
+        for start in range(0, len(batch), 8):
+            if clock() >= deadline:
+                return
+            for trial in evaluate(batch[start:start + 8]):
+                trials[json.dumps(trial.tiles, sort_keys=True)] = trial
+                if progress:
+                    progress(trial, best(), len(trials))
+
+    def best() -> Trial | None:
+        ok = [t for t in trials.values() if t.status == "ok"]
+        return min(ok, key=lambda t: t.seconds) if ok else None
+
+    run([first])
+    if len(space) <= max_configs:
+        run([c for c in space if c != first])
+    else:
+        rng = random.Random(seed)
+        run(rng.sample(space, min(len(space), max(1, max_configs // 2))))
+        while clock() < deadline and len(trials) < max_configs:
+            current = best()
+            fresh = [n for n in neighbours(current.tiles, space) if json.dumps(n, sort_keys=True) not in trials] \
+                if current else []
+            if not fresh:
+                break
+            run(fresh)
+            if best() is current:
+                break
+    return list(trials.values())
+
+
+# -- GPU measurement ---------------------------------------------------------------------------
+def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
+    """An independent reference on the device: PyTorch's float64 convolution when available,
+    else the float64 numpy reference (small specs only)."""
+    import cupy
+
+    from codegen.families import get_family
+
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        host = [cupy.asnumpy(a) for a in inputs]
+        return cupy.asarray(get_family(family).reference(spec, *host))
+    x, w = (torch.from_dlpack(a).double() for a in inputs[:2])
+    if spec.layout.channels_last:
+        x = x[..., : spec.c]
+        last = (0, spec.dims + 1, *range(1, spec.dims + 1))
+        x, w = x.permute(*last), w.permute(*last)
+    conv = F.conv2d if spec.dims == 2 else F.conv3d
+    y = conv(x, w, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+    if spec.layout.channels_last:
+        y = y.permute(0, *range(2, 2 + spec.dims), 1)
+    return cupy.from_dlpack(y.contiguous())
+
+
+def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 8):
+    """A batch evaluator: compile in parallel, prune on ptxas's report, check, then time."""
+    import cupy
+
+    from codegen.api import Kernel, plan
+    from codegen.bench import median_seconds
+    from codegen.compile import compile_source
+    from codegen.families import get_family
+    from codegen.render import render_kernels
+
+    fam = get_family(family)
+    host_inputs = fam.make_inputs(spec, np.random.default_rng(7))
+    input_bytes = sum(a.nbytes for a in host_inputs)
+    copies = max(2, min(8, math.ceil(2 * L2_BYTES / max(1, input_bytes))))
+    sets = [[cupy.asarray(a) for a in host_inputs] for _ in range(copies)]
+    expected = reference_output(family, spec, sets[0])
+    scale = float(cupy.linalg.norm(expected)) or 1.0
+    out = cupy.empty(expected.shape, dtype=cupy.float32)
+    pool = ThreadPoolExecutor(max_workers=workers)
+
+    def prepare(tiles: dict):
+        try:
+            kernel_plan = plan(family, spec, tiles)
+        except SpecError as err:
+            return Trial(tiles, status="refused", detail=str(err))
+        source = render_kernels(kernel_plan)
+        compiled = compile_source(source.code, f"{family}.cu")
+        bad = [f"{name}: {r.spill_stores} B spilled, {r.stack_bytes} B stack" for name, r in compiled.resources.items()
+               if r.spill_stores or r.stack_bytes]
+        if bad:
+            return Trial(tiles, status="spills", detail="; ".join(bad))
+        return Kernel(kernel_plan, source, compiled)
+
+    def evaluate(batch: list[dict]) -> list[Trial]:
+        trials = []
+        for tiles, prepared in zip(batch, pool.map(prepare, batch)):
+            if isinstance(prepared, Trial):
+                trials.append(prepared)
+                continue
+            out.fill(float("nan"))
+            prepared.launch(sets[0], out)
+            error = float(cupy.linalg.norm(out - expected)) / scale
+            if not error < TOLERANCE:
+                trials.append(Trial(tiles, status="wrong", detail=f"relative error {error:.2e} vs reference"))
+                continue
+            turn = [0]
+
+            def step():
+                turn[0] = (turn[0] + 1) % copies
+                prepared.launch(sets[turn[0]], out)
+
+            trials.append(Trial(tiles, seconds=median_seconds(step, repeats, warmup=2), status="ok"))
+        return trials
+
+    return evaluate
+
+
+def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 200, seed: int = 0,
+         evaluate=None, db: TuningDB | None = None, record: bool = True, progress: bool = True,
+         clock: Callable[[], float] = time.monotonic) -> TuneResult:
+    """Tune ``family`` for ``spec``; record the winner in the database (when ``record``)."""
+    from codegen.families import get_family
+
+    fam = get_family(family)
+    space = fam.tuning_space(spec)
+    if not space:
+        raise SpecError("family", family, "declares no tuning space")
+    first = fam.default_tiles(spec).to_dict()
+    started = clock()
+    evaluate = evaluate or gpu_evaluator(family, spec)
+    bar = ProgressBar(min(max_configs, len(space)), budget) if progress else None
+    trials = search(space, first, evaluate, max_configs, started + budget, seed,
+                    bar.update if bar else None, clock)
+    if bar:
+        bar.close()
+    ok = [t for t in trials if t.status == "ok"]
+    best = min(ok, key=lambda t: t.seconds) if ok else None
+    heuristic = next((t for t in trials if t.tiles == first), None)
+    result = TuneResult(family, spec, best, heuristic, trials, clock() - started, len(space))
+    if record and best is not None:
+        device = current_device()
+        if device is not None:
+            (db or TuningDB()).record(family, spec, device, best.tiles, ms=best.seconds * 1e3,
+                                      heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok"
+                                      else None, tried=len(trials), space=len(space))
+    return result
+
+
+class ProgressBar:
+    """One stderr line: configurations tried, budget used, best time so far."""
+
+    def __init__(self, total: int, budget: float):
+        self.total, self.budget, self.start = total, budget, time.monotonic()
+
+    def update(self, trial: Trial, best: Trial | None, done: int) -> None:
+        width = 24
+        filled = int(width * min(1.0, done / max(1, self.total)))
+        best_text = f"best {best.seconds * 1e3:.3f} ms" if best else "no valid config yet"
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} configs, "
+              f"{time.monotonic() - self.start:4.0f}/{self.budget:.0f} s, {best_text}   ",
+              end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(file=sys.stderr, flush=True)
+
+
+def format_result(result: TuneResult, count: int = 10) -> str:
+    lines = [f"tuned {result.family} for {result.spec.describe()}",
+             f"space {result.space_size} configurations, tried {len(result.trials)} in {result.seconds_spent:.1f} s: "
+             + ", ".join(f"{n} {s}" for s, n in _counts(result.trials).items())]
+    if result.heuristic is not None and result.heuristic.status == "ok" and result.best is not None:
+        lines.append(f"heuristic {result.heuristic.seconds * 1e3:.3f} ms -> tuned {result.best.seconds * 1e3:.3f} ms "
+                     f"({result.heuristic.seconds / result.best.seconds:.2f}x)")
+    lines.append(f"{'rank':>4} {'ms':>9}  tiles")
+    for rank, trial in enumerate(result.top(count), 1):
+        lines.append(f"{rank:>4} {trial.seconds * 1e3:9.3f}  " + " ".join(f"{k}={v}" for k, v in trial.tiles.items()))
+    return "\n".join(lines)
+
+
+def _counts(trials: list[Trial]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for trial in trials:
+        counts[trial.status] = counts.get(trial.status, 0) + 1
+    return counts

@@ -1,0 +1,141 @@
+"""The tuner without a GPU: the search space and its limits, the database (round trip, keying,
+atomic writes, corrupt files) and the search strategy with a fake timer."""
+import json
+import os
+
+import pytest
+
+from codegen import tune
+from codegen.api import plan
+from codegen.families import get_family
+from codegen.families.gemm import GemmTiles, check_geometry, register_estimate, shared_bytes
+from codegen.spec import ConvSpec
+from codegen.tiles import DYNAMIC_SHARED_LIMIT
+
+SPEC = ConvSpec(dims=2, layout="NHWC", n=4, c=16, k=48, input_size=(14, 14), filter_size=(3, 3), padding=1)
+DEVICE = ("NVIDIA H100 80GB HBM3", "sm_90")
+
+
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+def test_space_respects_every_declared_limit(family):
+    space = get_family(family).tuning_space(SPEC)
+    assert len(space) > 100
+    for tiles in space:
+        t = GemmTiles(**tiles)
+        check_geometry(t)
+        assert t.threads <= 1024 and shared_bytes(t) <= DYNAMIC_SHARED_LIMIT and register_estimate(t) <= 255
+        assert (t.warp_m // t.thread_m) * (t.warp_n // t.thread_n) == 32
+        assert t.block_n <= 64                           # no wider than the 48 channels need
+    for tiles in space[:: max(1, len(space) // 25)]:     # and a sample plans completely
+        plan(family, SPEC, tiles)
+
+
+def test_database_round_trip_and_keying(tmp_path):
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    tiles = {"block_m": 64, "block_n": 64}
+    db.record("implicit_gemm", SPEC, DEVICE, tiles, ms=1.5)
+    fresh = tune.TuningDB(tmp_path / "tuning.json")
+    assert fresh.lookup("implicit_gemm", SPEC, DEVICE) == tiles
+    assert fresh.lookup("implicit_gemm", SPEC, ("NVIDIA A100-SXM4-80GB", "sm_80")) is None
+    assert fresh.lookup("implicit_gemm", SPEC, ("NVIDIA H200", "sm_90")) is None
+    assert fresh.lookup("im2win", SPEC, DEVICE) is None
+    other = ConvSpec(dims=2, layout="NHWC", n=4, c=16, k=48, input_size=(14, 14), filter_size=(3, 3), padding=0)
+    assert fresh.lookup("implicit_gemm", other, DEVICE) is None
+    key = tune.entry_key("implicit_gemm", SPEC, DEVICE)
+    assert key in fresh.entries() and tune.entry_key("implicit_gemm", SPEC, DEVICE, "0.0.1") != key
+
+
+def test_database_export_and_import(tmp_path):
+    first = tune.TuningDB(tmp_path / "a.json")
+    first.record("im2win", SPEC, DEVICE, {"stages": 2})
+    assert first.export(tmp_path / "moved.json") == 1
+    second = tune.TuningDB(tmp_path / "b.json")
+    assert second.import_(tmp_path / "moved.json") == 1
+    assert second.lookup("im2win", SPEC, DEVICE) == {"stages": 2}
+    (tmp_path / "junk.json").write_text("{\"entries\": 3}")
+    with pytest.raises(tune.SpecError, match="--import"):
+        second.import_(tmp_path / "junk.json")
+
+
+def test_database_writes_are_atomic(tmp_path, monkeypatch):
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    db.record("implicit_gemm", SPEC, DEVICE, {"stages": 3})
+    before = (tmp_path / "tuning.json").read_text()
+
+    def broken_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tune.json, "dump", broken_dump)
+    with pytest.raises(OSError):
+        db.record("implicit_gemm", SPEC, DEVICE, {"stages": 4})
+    assert (tmp_path / "tuning.json").read_text() == before
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tuning-")]
+
+
+def test_corrupt_database_is_reported_set_aside_and_never_breaks_a_build(tmp_path, monkeypatch):
+    path = tmp_path / "tuning.json"
+    path.write_text("{ not json")
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(path))
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    with pytest.warns(UserWarning, match="unreadable"):
+        kernel_plan = plan("implicit_gemm", SPEC)
+    assert kernel_plan.tiles == get_family("implicit_gemm").default_tiles(SPEC)
+    assert not path.exists() and any(p.name.startswith("tuning.json.corrupt-") for p in tmp_path.iterdir())
+
+
+def test_build_uses_the_tuned_configuration(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
+    tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned)
+    assert plan("implicit_gemm", SPEC).tiles.to_dict() == tuned
+    monkeypatch.setattr(tune, "current_device", lambda: ("another GPU", "sm_90"))
+    assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
+
+
+def _fake_space(size):
+    return [{"a": a, "b": b} for a in range(size) for b in range(size)]
+
+
+def _fake_evaluator(wrong=None):
+    """Time (a-7)^2 + (b-3)^2 + 1 ms; ``wrong`` is faster than anything but fails its check."""
+    def evaluate(batch):
+        trials = []
+        for tiles in batch:
+            if tiles == wrong:
+                trials.append(tune.Trial(tiles, seconds=1e-9, status="wrong"))
+            else:
+                trials.append(tune.Trial(tiles, seconds=((tiles["a"] - 7) ** 2 + (tiles["b"] - 3) ** 2 + 1) * 1e-3,
+                                         status="ok"))
+        return trials
+    return evaluate
+
+
+def test_search_exhaustive_when_the_space_fits():
+    space = _fake_space(5)
+    trials = tune.search(space, {"a": 0, "b": 0}, _fake_evaluator(), 100, float("inf"))
+    assert len(trials) == 25 and trials[0].tiles == {"a": 0, "b": 0}
+    assert min((t for t in trials if t.status == "ok"), key=lambda t: t.seconds).tiles == {"a": 4, "b": 3}
+
+
+def test_search_samples_then_refines_and_never_picks_a_wrong_candidate():
+    space = _fake_space(12)
+    wrong = {"a": 6, "b": 3}
+    trials = tune.search(space, {"a": 0, "b": 0}, _fake_evaluator(wrong), 40, float("inf"), seed=1)
+    assert len(trials) <= 40
+    ok = [t for t in trials if t.status == "ok"]
+    best = min(ok, key=lambda t: t.seconds)
+    assert best.tiles == {"a": 7, "b": 3}                 # refinement reaches the optimum from the sample
+    assert all(t.tiles != wrong for t in ok)
+
+
+def test_search_stops_at_the_deadline():
+    ticks = iter(range(1000))
+    trials = tune.search(_fake_space(12), {"a": 0, "b": 0}, _fake_evaluator(), 100, 3, clock=lambda: next(ticks))
+    assert 1 <= len(trials) <= 8 * 3
+
+
+def test_neighbours_change_one_parameter_by_one_step():
+    space = _fake_space(4)
+    assert sorted(map(json.dumps, tune.neighbours({"a": 1, "b": 0}, space))) == sorted(
+        map(json.dumps, [{"a": 0, "b": 0}, {"a": 2, "b": 0}, {"a": 1, "b": 1}]))
