@@ -242,6 +242,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
+        "n_tiles": -(-gemm_n // tiles.block_n),
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
@@ -253,8 +254,9 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
 
 
 def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:
+    """1D: M tiles times N tiles, N fastest (see the kernel's comment)."""
     gemm_m, gemm_n, _ = index.gemm_sizes(index.IndexAlgebra(spec))
-    return (-(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n), 1)
+    return (-(-gemm_m // tiles.block_m) * -(-gemm_n // tiles.block_n), 1, 1)
 
 
 def flops(spec: ConvSpec) -> int:
