@@ -11,8 +11,10 @@ block_k slices, ``stages`` shared-memory buffers filled by ``cp.async`` (or by r
 ``async_copy`` is off) so the next slices load while this one is multiplied, warps owning
 warp_m x warp_n sub-tiles and threads thread_m x thread_n outer products (the micro-kernel).
 Shared memory is dynamic (up to 227 KB on sm_90, opted into by the launchers above 48 KB).
-Both operands sit in shared memory k-contiguous ([rows][block_k + 4]), so one float4 read gives
-a thread four k-steps of a fragment and the +4 pad keeps eight consecutive rows on distinct banks.
+Both operands sit in shared memory as k-slices of contiguous rows ([block_k][block_m + 4]), as in
+CUTLASS's SIMT kernels: a thread owns groups of four adjacent pixels and channels, so one float4
+read gives a fragment group for one k-step (16 registers of fragments for an 8x8 micro-tile), and
+the +4 pad puts the k-slices written by k-major loaders on different banks.
 """
 from __future__ import annotations
 
@@ -112,8 +114,8 @@ def check_geometry(tiles: GemmTiles) -> None:
                         "double-buffers only)")
     shared = shared_bytes(tiles)
     if shared > DYNAMIC_SHARED_LIMIT:
-        raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of ({tiles.block_m}+{tiles.block_n})"
-                        f"x{tiles.block_k + SMEM_PAD} floats need {shared} bytes of shared memory; at most "
+        raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of {tiles.block_k}x"
+                        f"({tiles.block_m}+{tiles.block_n}+{2 * SMEM_PAD}) floats need {shared} bytes of shared memory; at most "
                         f"{DYNAMIC_SHARED_LIMIT} are allowed (sm_90 opt-in dynamic shared memory)")
     registers = register_estimate(tiles)
     if registers > REGISTER_LIMIT:
@@ -122,14 +124,14 @@ def check_geometry(tiles: GemmTiles) -> None:
 
 
 def shared_bytes(tiles: GemmTiles) -> int:
-    return tiles.stages * (tiles.block_m + tiles.block_n) * (tiles.block_k + SMEM_PAD) * 4
+    return tiles.stages * (tiles.block_m + tiles.block_n + 2 * SMEM_PAD) * tiles.block_k * 4
 
 
 def register_estimate(tiles: GemmTiles) -> int:
-    """Accumulators, four k-steps of A and B fragments (what the unrolled loop keeps in flight,
-    whether or not they are read as float4), plus a fixed overhead; ptxas has the last word (the
-    compile tier checks its report), this catches hopeless choices before compiling."""
-    return tiles.thread_m * tiles.thread_n + (tiles.thread_m + tiles.thread_n) * 4 + REGISTER_OVERHEAD
+    """Accumulators, two k-steps of A and B fragments (the unrolled loop loads the next while it
+    multiplies this one), plus a fixed overhead; ptxas has the last word (the compile tier checks
+    its report), this catches hopeless choices before compiling."""
+    return tiles.thread_m * tiles.thread_n + (tiles.thread_m + tiles.thread_n) * 2 + REGISTER_OVERHEAD
 
 
 def min_blocks(tiles: GemmTiles, loader_registers: int) -> int:
@@ -234,11 +236,13 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
     return {
-        "BM": tiles.block_m, "BN": tiles.block_n, "BK": tiles.block_k, "BKP": tiles.block_k + SMEM_PAD,
+        "BM": tiles.block_m, "BN": tiles.block_n, "BK": tiles.block_k,
+        "BMP": tiles.block_m + SMEM_PAD, "BNP": tiles.block_n + SMEM_PAD,
+        "VM": min(4, tiles.thread_m) if tiles.vector_smem else 1, "VN": min(4, tiles.thread_n) if tiles.vector_smem else 1,
         "TM": tiles.thread_m, "TN": tiles.thread_n,
         "lanes_m": tiles.warp_m // tiles.thread_m, "lanes_n": tiles.warp_n // tiles.thread_n,
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
-        "stages": tiles.stages, "async_copy": tiles.async_copy, "KV": 4 if tiles.vector_smem else 1,
+        "stages": tiles.stages, "async_copy": tiles.async_copy,
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
