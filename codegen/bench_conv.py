@@ -180,7 +180,7 @@ def format_table(results: list[dict]) -> str:
         for f, v in families:
             r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
-                cells.append(f" {'refused':>13}")
+                cells.append(f" {'not tuned' if r and r['skipped'].startswith('no tuned') else 'refused':>13}")
                 mem.append(f" {'-':>13}")
                 continue
             cells.append(f" {r['tflops']:6.1f} ({r['speedup_vs_cudnn']:4.2f})")

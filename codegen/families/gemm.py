@@ -124,7 +124,10 @@ def check_geometry(tiles: GemmTiles) -> None:
 
 
 def shared_bytes(tiles: GemmTiles) -> int:
-    return tiles.stages * (tiles.block_m + tiles.block_n + 2 * SMEM_PAD) * tiles.block_k * 4
+    """The larger of the pipeline's stages and the epilogue's transposed tile (which reuses them)."""
+    pipeline = tiles.stages * (tiles.block_m + tiles.block_n + 2 * SMEM_PAD) * tiles.block_k * 4
+    epilogue = tiles.block_m * tiles.block_n * 4 + max(tiles.block_m, tiles.block_n) * SMEM_PAD * 4
+    return max(pipeline, epilogue)
 
 
 def register_estimate(tiles: GemmTiles) -> int:
@@ -246,7 +249,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
-        "n_tiles": -(-gemm_n // tiles.block_n),
+        "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
