@@ -155,30 +155,31 @@ def loader_registers(tiles: GemmTiles, a_load: dict, b_load: dict, a_vec: int, b
 
 
 def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
-    """A sound tile choice without tuning, in the way CUTLASS's default configurations are picked:
+    """A sound tile choice without tuning, distilled from tuning the 16 benchmark layers on an
+    H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
-    - block_n covers the output channels tightly (32, 64, 96 or 128), so small K wastes no lanes;
-    - block_m starts at 128 and halves (down to 32) until the grid has at least two CTAs per SM;
-    - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory), warps shaped so that a
-      warp's stores are 8 floats contiguous in the output's fast axis (pixels channels-first,
-      channels channels-last); smaller tiles shrink the micro-tile to keep 32 lanes per warp;
-    - block_k 8 with 3 cp.async stages (dynamic shared memory; above 48 KB the launcher opts in);
+    - block_n covers the output channels tightly (32, 64, 96 or 128); above 128 channels 64-wide
+      tiles won (twice the CTAs on layers whose pixel count is small);
+    - block_m is 128 (256 when block_n is 32 and pixels abound), halved (down to 32) until the
+      grid has two CTAs per SM;
+    - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory) in 4x8-lane warps, the
+      shape most winners had; small tiles shrink the micro-tile to keep 32 lanes per warp;
+    - block_k 16 (8 when K = C*taps is below 64, where half a slice would be padding), 3 cp.async
+      stages in dynamic shared memory (the launchers opt in above 48 KB);
     - vector loads where the layout allows, precomputed row offsets always.
     """
     alg = index.IndexAlgebra(spec)
-    gemm_m, gemm_n, _ = index.gemm_sizes(alg)
-    block_n = next(b for b in (32, 64, 96, 128) if gemm_n <= b or b == 128)
-    block_m = 128
+    gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
+    block_n = 64 if gemm_n > 128 else next(b for b in (32, 64, 96, 128) if gemm_n <= b)
+    block_m = 256 if block_n == 32 else 128
     while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < 2 * SM_COUNT_HINT:
         block_m //= 2
-    channels_last = spec.layout.channels_last
     thread_m = thread_n = 8
     if block_m == 32 or block_n == 32:
         thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
-    warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n, channels_last)
-    tiles = GemmTiles(block_m=block_m, block_n=block_n, block_k=8, warp_m=warp_m, warp_n=warp_n,
-                      thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok)
-    return tiles
+    warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
+    return GemmTiles(block_m=block_m, block_n=block_n, block_k=16 if gemm_k >= 64 else 8, warp_m=warp_m,
+                     warp_n=warp_n, thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok)
 
 
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
@@ -207,11 +208,9 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     return space
 
 
-def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int, channels_last: bool) -> tuple[int, int]:
-    """The 32-lane warp layout (lanes_m x lanes_n) whose tile divides the block, preferring 8
-    lanes along the output's contiguous axis."""
-    layouts = [(4, 8), (8, 4), (2, 16), (16, 2)] if channels_last else [(8, 4), (4, 8), (16, 2), (2, 16)]
-    for lanes_m, lanes_n in layouts:
+def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int) -> tuple[int, int]:
+    """The 32-lane warp layout (lanes_m x lanes_n) whose tile divides the block, 4x8 first."""
+    for lanes_m, lanes_n in ((4, 8), (8, 4), (2, 16), (16, 2)):
         warp_m, warp_n = lanes_m * thread_m, lanes_n * thread_n
         if block_m % warp_m == 0 and block_n % warp_n == 0:
             return warp_m, warp_n
