@@ -41,9 +41,18 @@ DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_regi
 
 def entries() -> list[Entry]:
     """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
-    variant) and the 3D layers (both layouts, default tiles)."""
+    variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
+    3D layers in both layouts and im2win in the benchmark's channels-first layouts (heuristic
+    tiles, batch as benchmarked)."""
     shapes = load_shapes()
     found = []
+    for layer in shapes["conv2d_mec"] + shapes["conv3d"]:
+        layouts = ("NCHW", "NHWC") if "D" not in layer else ("NCDHW", "NDHWC")
+        for layout in layouts:
+            spec = layer_spec(layer, layout, layer.get("N", BATCH))
+            found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}", spec, _heuristic("implicit_gemm", spec)))
+            if layout in ("NCHW", "NCDHW"):
+                found.append(Entry("im2win", f"{layer['name']}_{layout.lower()}", spec, _heuristic("im2win", spec)))
     for layer in shapes["filter2d"]:
         spec = layer_spec(layer, "NCHW", layer["N"])
         for variant in DIRECT_VARIANTS:
@@ -51,7 +60,8 @@ def entries() -> list[Entry]:
             found.append(Entry("direct", f"{layer['name']}_{variant}", spec, tiles))
     for layer in shapes["conv3d"]:
         for layout in ("NCDHW", "NDHWC"):
-            found.append(Entry("direct", f"{layer['name']}_{layout.lower()}", layer_spec(layer, layout, layer["N"]), None))
+            spec = layer_spec(layer, layout, layer["N"])
+            found.append(Entry("direct", f"{layer['name']}_{layout.lower()}", spec, _heuristic("direct", spec)))
     for layer in shapes["conv2d_mec"]:
         for layout in ("NCHW", "NHWC"):
             spec = layer_spec(layer, layout, BATCH)
@@ -60,6 +70,11 @@ def entries() -> list[Entry]:
                     suffix = f"_{tiles['algorithm']}" if tiles else ""
                     found.append(Entry(family, f"{layer['name']}_{layout.lower()}{suffix}", spec, tiles))
     return found
+
+
+def _heuristic(family: str, spec: ConvSpec) -> dict:
+    """Explicit heuristic tiles, so that a tuning database on the machine never changes the catalogue."""
+    return get_family(family).default_tiles(spec).to_dict()
 
 
 def stale_files() -> list[Path]:

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from codegen import catalogue
 from codegen.api import build, plan
 from codegen.compile import (KernelCache, cache_key, compile_source, compiler_fingerprint, nvrtc_version,
                               options_for)
@@ -23,6 +24,16 @@ SPECS = {
                          dilation=(2, 1, 1)),
 }
 PITCHES = {"dpitch4": 4, "dpitch8": 8, "dpitch12": 12, "dpitch16": 16, "dpitch20": 20, "dpitch-odd": 7}
+GEMM_SWITCHES = {
+    "heuristic": None,
+    "analytic": {"precomp": False},
+    "register-staging": {"async_copy": False, "stages": 2},
+    "one-stage": {"stages": 1},
+    "scalar-fragments": {"vector_smem": False, "vector_load": False},
+    "no-micro-kernel": {"block_m": 16, "block_n": 8, "warp_m": 8, "warp_n": 4, "thread_m": 1, "thread_n": 1},
+    "wide": {"block_m": 128, "block_n": 64, "block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8,
+             "stages": 4},
+}
 VARIANTS = (
     [("im2col", name, spec, {"vectorized": False}) for name, spec in SPECS.items()]
     + [("im2col", f"{dims}-{p}", ConvSpec.from_dict({**SPECS[f"{dims}-{'nhwc' if dims == '2d' else 'ndhwc'}"].to_dict(),
@@ -34,6 +45,10 @@ VARIANTS = (
         {"algorithm": "gather"})]
     + [("direct", f"{name}-{variant}", spec, {"variant": variant, "tile_h": 4, "tile_w": 8}) for name, spec in SPECS.items()
        for variant in ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")]
+    + [(family, f"{name}-{switch}", ConvSpec.from_dict({**spec.to_dict(), "c": 8, "k": 40}), tiles)
+       for family in ("implicit_gemm", "im2win") for name, spec in SPECS.items()
+       for switch, tiles in GEMM_SWITCHES.items()]
+    + [("im2col_gemm", name, spec, None) for name, spec in SPECS.items()]
 )
 
 
@@ -42,15 +57,27 @@ def test_every_variant_compiles_for_sm90_without_warnings_or_spills(family, name
     kernel = build(family, spec, tiles, arch="sm_90")
     assert kernel.compiled.warnings == []
     assert kernel.compiled.cubin[:4] == b"\x7fELF"
-    (resources,) = kernel.compiled.resources.values()
-    assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack_bytes == 0
+    for resources in kernel.compiled.resources.values():
+        assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack_bytes == 0
 
 
 def test_variants_cover_every_kernel_the_families_can_choose():
     chosen = {plan(f, s, t).variant for f, _, s, t in VARIANTS}
     assert chosen >= {"channels_first", "channels_last", "vec4", "vec8", "vec12", "vec16", "vec_generic",
                       "gather_channels_first", "gather_channels_last", "gather_channels_last_tiled", "scatter",
-                      "basic", "constant", "tiled_halo", "tiled_cache", "tiled_register"}
+                      "basic", "constant", "tiled_halo", "tiled_cache", "tiled_register", "precomp", "analytic"}
+
+
+GEMM_LAYERS = [e for e in catalogue.entries() if e.family in ("implicit_gemm", "im2win")]
+
+
+@pytest.mark.parametrize("entry", GEMM_LAYERS, ids=[f"{e.family}-{e.name}" for e in GEMM_LAYERS])
+def test_benchmark_layer_kernels_spill_nothing(entry, cache_dir):
+    """ptxas -v through NVRTC (no GPU): the heuristic's kernels for every benchmark layer."""
+    kernel = build(entry.family, entry.spec, entry.tiles, arch="sm_90")
+    for name, resources in kernel.compiled.resources.items():
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, (name, resources)
+        assert resources.registers <= 255
 
 
 SOURCE = render_kernels(plan("im2col", SPECS["2d-nchw"])).code
