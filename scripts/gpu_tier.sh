@@ -14,7 +14,7 @@ logs=$(mktemp -d)
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
-examples=300; [ "$mode" = quick ] && examples=30
+examples=${CONVGEN_GPU_EXAMPLES:-300}; [ "$mode" = quick ] && examples=30
 benches=${BENCHES-im2col col2im direct conv}; [ "$mode" = quick ] && benches=${BENCHES:-}
 export CONVGEN_GPU_EXAMPLES=$examples
 summary=()

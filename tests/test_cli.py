@@ -122,3 +122,50 @@ def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
 def test_a_variant_alone_takes_that_variants_tile_heuristic(capsys):
     assert main(["generate", "direct", "--layout", "NCHW", "--tile", "variant=tiled_register"]) == 0
     assert "tiled_register" in capsys.readouterr().out
+
+
+def test_families_lists_the_gemm_families_and_their_switches(capsys):
+    assert main(["families"]) == 0
+    out = capsys.readouterr().out
+    for word in ("implicit_gemm", "im2win", "im2col_gemm", "block_k", "async_copy", "precomp", "batch_chunk"):
+        assert word in out
+
+
+def test_compile_an_implicit_gemm_kernel_without_a_gpu(cache_dir, capsys):
+    assert main(["compile", "implicit_gemm", "--layout", "NHWC", "--c", "16", "--k", "32", "--arch", "sm_90",
+                 "--tile", "block_k=32", "--tile", "stages=4"]) == 0
+    out = capsys.readouterr().out
+    assert "block_k=32" in out and "stages=4" in out and "spills 0/0 B" in out
+
+
+def test_emitting_im2col_gemm_is_refused_with_the_reason(tmp_path, capsys):
+    assert main(["emit", "im2col_gemm", "-o", str(tmp_path / "x.cu")]) == 2
+    assert "cuBLAS" in capsys.readouterr().err
+
+
+def test_bad_gemm_tiles_name_the_field(capsys):
+    assert main(["generate", "implicit_gemm", "--tile", "warp_m=48"]) == 2
+    assert "tiles.warp_m" in capsys.readouterr().err
+
+
+def test_tune_show_export_import(tmp_path, capsys):
+    from codegen import tune
+    from codegen.spec import ConvSpec
+
+    db_path = tmp_path / "tuning.json"
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=4, input_size=(8, 8), filter_size=3)
+    tune.TuningDB(db_path).record("implicit_gemm", spec, ("NVIDIA H100 80GB HBM3", "sm_90"), {"stages": 2}, ms=1.0)
+    assert main(["tune", "--show", "--db", str(db_path)]) == 0
+    assert "implicit_gemm" in capsys.readouterr().out
+    assert main(["tune", "--export", str(tmp_path / "out.json"), "--db", str(db_path)]) == 0
+    assert main(["tune", "--import", str(tmp_path / "out.json"), "--db", str(tmp_path / "other.json")]) == 0
+    assert "merged 1 entries" in capsys.readouterr().out
+
+
+def test_tune_without_a_gpu_says_so(capsys):
+    from codegen.api import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is visible")
+    assert main(["tune", "implicit_gemm", "--layer", "conv8"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -236,7 +236,7 @@ def test_single_channel_filter_all_variants():
 
 
 GEMM_FAMILIES = ("implicit_gemm", "im2win")
-GEMM_SPECS = specs(max_channels=20, max_k=40, max_elements=1 << 16)
+GEMM_SPECS = specs(max_channels=20, max_k=40, max_elements=1 << 16, max_filter=7)
 
 
 def _assert_conv_matches(family, spec, tiles, seed):
