@@ -19,7 +19,7 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
-    name = launcher or kernel_plan.launches[0].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
+    name = launcher or kernel_plan.launches[-1].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
     return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name, arch=arch,
                   output_name=kernel_plan.output.name, output_elements=kernel_plan.output.elements)
 
