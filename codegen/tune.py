@@ -13,7 +13,8 @@ Strategy (the space is hundreds to thousands of configurations; a budget allows 
    of half the allowance, compiled in parallel threads (NVRTC releases the GIL);
 3. local refinement: the best so far is perturbed one parameter at a time to its neighbouring
    values (hill climbing, as Kernel Tuner's and Triton's refinements do) until no neighbour
-   improves or the budget or allowance runs out.
+   improves or the budget or allowance runs out;
+4. the winner must beat the heuristic by ``SIGNIFICANT`` (2%), else the heuristic is kept.
 Timing: CUDA events, warm-up, median of repeats, inputs rotated through enough copies to defeat
 the 50 MB L2 so that caches do not flatter small layers.
 """
@@ -39,6 +40,9 @@ from codegen.spec import ConvSpec, SpecError
 
 L2_BYTES = 50 << 20
 TOLERANCE = 1e-5
+SIGNIFICANT = 0.02
+"""A candidate replaces the heuristic only when it is at least 2% faster: run-to-run noise of the
+median on this card is about 1%, and a tie should keep the configuration users get untuned."""
 
 
 @dataclass
@@ -340,8 +344,7 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
                     bar.update if bar else None, clock)
     if bar:
         bar.close()
-    ok = [t for t in trials if t.status == "ok"]
-    best = min(ok, key=lambda t: t.seconds) if ok else None
+    best = choose(trials, first)
     heuristic = next((t for t in trials if t.tiles == first), None)
     result = TuneResult(family, spec, best, heuristic, trials, clock() - started, len(space))
     if record and best is not None:
@@ -351,6 +354,18 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
                                       heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok"
                                       else None, tried=len(trials), space=len(space))
     return result
+
+
+def choose(trials: list[Trial], heuristic_tiles: dict) -> Trial | None:
+    """The fastest correct trial, unless it beats the heuristic's by less than ``SIGNIFICANT``."""
+    ok = [t for t in trials if t.status == "ok"]
+    if not ok:
+        return None
+    best = min(ok, key=lambda t: t.seconds)
+    heuristic = next((t for t in ok if t.tiles == heuristic_tiles), None)
+    if heuristic is not None and best.seconds > heuristic.seconds * (1 - SIGNIFICANT):
+        return heuristic
+    return best
 
 
 class ProgressBar:

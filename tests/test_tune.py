@@ -139,3 +139,12 @@ def test_neighbours_change_one_parameter_by_one_step():
     space = _fake_space(4)
     assert sorted(map(json.dumps, tune.neighbours({"a": 1, "b": 0}, space))) == sorted(
         map(json.dumps, [{"a": 0, "b": 0}, {"a": 2, "b": 0}, {"a": 1, "b": 1}]))
+
+
+def test_a_win_within_noise_keeps_the_heuristic():
+    heuristic = {"a": 0, "b": 0}
+    trials = [tune.Trial(heuristic, 1.000, "ok"), tune.Trial({"a": 1, "b": 0}, 0.990, "ok"),
+              tune.Trial({"a": 2, "b": 0}, 0.5, "wrong")]
+    assert tune.choose(trials, heuristic).tiles == heuristic
+    trials.append(tune.Trial({"a": 3, "b": 0}, 0.97, "ok"))
+    assert tune.choose(trials, heuristic).tiles == {"a": 3, "b": 0}
