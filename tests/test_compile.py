@@ -1,5 +1,4 @@
 """NVRTC compilation (no GPU needed) and the hash-keyed cache."""
-import os
 import subprocess
 import sys
 import textwrap

@@ -147,3 +147,16 @@ def test_row_table_is_exact_where_float_division_rounds_down():
     table = index.row_table(alg, index.gemm_terms(alg, "image"))
     expected = [c * 400 + r * 20 + s for c in range(3) for r in range(7) for s in range(7)]
     assert [entry[0] for entry in table] == expected
+
+
+@given(spec=specs(max_size=12, max_filter=7), seed=st.integers(0, 2**16))
+def test_im2win_transform_maps_match_slicing(spec, seed):
+    """The im2win tensor through the transform's maps equals the one cut from a padded image."""
+    from codegen.families.im2win import window_tensor_reference
+    from codegen.maps import window_tensor_by_maps
+
+    alg = IndexAlgebra(spec)
+    x = np.random.default_rng(seed).uniform(-1, 1, alg.image_shape)
+    expected = window_tensor_reference(spec, x)
+    assert expected.shape == index.window_tensor_shape(alg)
+    assert np.array_equal(window_tensor_by_maps(alg, x), expected)

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from codegen import index
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import DYNAMIC_SHARED_LIMIT, STATIC_SHARED_LIMIT, TileParam, Tiles, check_block
+from codegen.tiles import DYNAMIC_SHARED_LIMIT, TileParam, Tiles, check_block
 
 SMEM_PAD = 4
 REGISTER_LIMIT = 255
