@@ -61,8 +61,9 @@ class GemmTiles(Tiles):
         TileParam("stages", "shared-memory buffers: 1 = no double buffering or prefetch", choices=(1, 2, 3, 4)),
         TileParam("async_copy", "fill shared memory with cp.async (sm_80+) instead of through registers",
                   choices=(True, False)),
-        TileParam("vector_load", "float4 global loads of A and B where the channel count and pitch allow",
-                  choices=(True, False)),
+        TileParam("vector_load", "load A and B four k-steps per thread where the channel count and pitch "
+                  "allow (float4 global loads with register staging; four 4-byte cp.async otherwise, since "
+                  "cp.async cannot transpose)", choices=(True, False)),
         TileParam("vector_smem", "float4 fragment reads from shared memory (four k-steps per read)",
                   choices=(True, False)),
         TileParam("precomp", "read each column-matrix row's offset from a precomputed table (cuDNN's "
