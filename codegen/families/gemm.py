@@ -64,7 +64,7 @@ class GemmTiles(Tiles):
         TileParam("vector_load", "load A and B four k-steps per thread where the channel count and pitch "
                   "allow (float4 global loads with register staging; four 4-byte cp.async otherwise, since "
                   "cp.async cannot transpose)", choices=(True, False)),
-        TileParam("vector_smem", "float4 fragment reads from shared memory (four k-steps per read)",
+        TileParam("vector_smem", "float4 fragment reads from shared memory (four adjacent pixels or channels per read)",
                   choices=(True, False)),
         TileParam("precomp", "read each column-matrix row's offset from a precomputed table (cuDNN's "
                   "'precomp') instead of dividing it out in the kernel", choices=(True, False)),

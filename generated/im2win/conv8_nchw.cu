@@ -142,8 +142,8 @@ convgen_im2win_precomp_9ccbbb9cc9(const float* __restrict__ win, const float* __
     const int tid = threadIdx.x;
     // Channel tiles run fastest through the 1D grid, so the CTAs sharing a pixel tile (and its
     // input rows) run together and read them from DRAM once.
-    const idx_t m_tile = (idx_t)(blockIdx.x / 1) * 128;
-    const int n_tile = (blockIdx.x % 1) * 128;
+    const idx_t m_tile = (idx_t)blockIdx.x * 128;
+    const int n_tile = 0;
 
     // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
     idx_t a_base[1];

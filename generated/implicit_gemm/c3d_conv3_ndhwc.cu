@@ -471,7 +471,7 @@ __device__ const int4 convgen_implicit_gemm_precomp_4eacec28af_rows[3456] = {
 // Implicit GEMM y[50176 x 256] = A[50176 x 3456] * B[3456 x 256]: A(m, row) is the image pixel that output pixel m reads
 // for row (channel, tap), formed on the fly; padding taps read zeros.
 // CTA tile 128x64x16, warp tile 32x64, thread micro-tile 8x8, 128 threads,
-// 3 shared-memory stage(s) filled by cp.async; A loads float4 along k, B loads float4 along k,
+// 3 shared-memory stage(s) filled by cp.async; A loads four k-steps (4-byte copies), B loads four k-steps (4-byte copies),
 // fragments read as float4/float4; row offsets from the precomputed table.
 extern "C" __global__ void __launch_bounds__(128, 2)
 convgen_implicit_gemm_precomp_4eacec28af(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)

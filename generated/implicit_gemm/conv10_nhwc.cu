@@ -182,7 +182,7 @@ __device__ const int convgen_implicit_gemm_precomp_792fd48185_rows[1152] = {
 // Implicit GEMM y[86528 x 128] = A[86528 x 1152] * B[1152 x 128]: A(m, row) is the image pixel that output pixel m reads
 // for row (channel, tap), formed on the fly; padding taps read zeros.
 // CTA tile 128x128x16, warp tile 32x64, thread micro-tile 8x8, 256 threads,
-// 3 shared-memory stage(s) filled by cp.async; A loads float4 along k, B loads float4 along k,
+// 3 shared-memory stage(s) filled by cp.async; A loads four k-steps (4-byte copies), B loads four k-steps (4-byte copies),
 // fragments read as float4/float4; row offsets from the precomputed table.
 extern "C" __global__ void __launch_bounds__(256, 1)
 convgen_implicit_gemm_precomp_792fd48185(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
@@ -195,8 +195,8 @@ convgen_implicit_gemm_precomp_792fd48185(const float* __restrict__ x, const floa
     const int tid = threadIdx.x;
     // Channel tiles run fastest through the 1D grid, so the CTAs sharing a pixel tile (and its
     // input rows) run together and read them from DRAM once.
-    const idx_t m_tile = (idx_t)(blockIdx.x / 1) * 128;
-    const int n_tile = (blockIdx.x % 1) * 128;
+    const idx_t m_tile = (idx_t)blockIdx.x * 128;
+    const int n_tile = 0;
 
     // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
     idx_t a_base[2];

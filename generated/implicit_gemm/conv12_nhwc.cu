@@ -614,7 +614,7 @@ __device__ const int convgen_implicit_gemm_precomp_6ea5dbf8f3_rows[4608] = {
 // Implicit GEMM y[3200 x 512] = A[3200 x 4608] * B[4608 x 512]: A(m, row) is the image pixel that output pixel m reads
 // for row (channel, tap), formed on the fly; padding taps read zeros.
 // CTA tile 64x64x16, warp tile 32x64, thread micro-tile 8x8, 64 threads,
-// 3 shared-memory stage(s) filled by cp.async; A loads float4 along k, B loads float4 along k,
+// 3 shared-memory stage(s) filled by cp.async; A loads four k-steps (4-byte copies), B loads four k-steps (4-byte copies),
 // fragments read as float4/float4; row offsets from the precomputed table.
 extern "C" __global__ void __launch_bounds__(64, 5)
 convgen_implicit_gemm_precomp_6ea5dbf8f3(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)

@@ -71,8 +71,8 @@ convgen_implicit_gemm_precomp_95645519aa(const float* __restrict__ x, const floa
     const int tid = threadIdx.x;
     // Channel tiles run fastest through the 1D grid, so the CTAs sharing a pixel tile (and its
     // input rows) run together and read them from DRAM once.
-    const idx_t m_tile = (idx_t)(blockIdx.x / 1) * 128;
-    const int n_tile = (blockIdx.x % 1) * 64;
+    const idx_t m_tile = (idx_t)blockIdx.x * 128;
+    const int n_tile = 0;
 
     // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
     idx_t a_base[16];
