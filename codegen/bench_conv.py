@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import layer_spec, load_shapes, median_seconds
+from codegen.bench import _cudnn_fp32, layer_spec, load_shapes, median_seconds, tiles_for
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -34,17 +34,6 @@ def _extra_bytes(kernel) -> int:
     return kernel.plan.workspace_bytes + len(table) * (4 if width == 1 else 16)
 
 
-def _cudnn(spec: ConvSpec, x_torch, w_torch):
-    import torch
-    import torch.nn.functional as F
-
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    conv = F.conv2d if spec.dims == 2 else F.conv3d
-    return lambda: conv(x_torch, w_torch, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
-
-
 def _cudnn_extra_bytes(run, output_bytes: int) -> int:
     import torch
 
@@ -56,12 +45,6 @@ def _cudnn_extra_bytes(run, output_bytes: int) -> int:
     extra = torch.cuda.max_memory_allocated() - before - output_bytes
     del result
     return max(0, extra)
-
-
-def _direct_tiles(spec: ConvSpec, variant: str) -> dict:
-    from codegen.families import get_family
-
-    return get_family("direct").complete_tiles(spec, {"variant": variant}).to_dict()
 
 
 def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
@@ -88,7 +71,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     last = (0, spec.dims + 1, *range(1, spec.dims + 1))
     if spec.layout.channels_last:
         x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    run_cudnn = _cudnn(spec, x_torch, w_torch)
+    run_cudnn = _cudnn_fp32(spec, x_torch, w_torch)
     theirs = run_cudnn().double()
     cudnn_seconds = median_seconds(run_cudnn, repeats)
     cudnn_extra = _cudnn_extra_bytes(run_cudnn, math.prod(alg.output_shape) * 4)
@@ -118,7 +101,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     rows = []
     for family in families:
         if family == "direct":
-            candidates = [measure("direct", v, _direct_tiles(spec, v)) for v in DIRECT_CANDIDATES]
+            candidates = [measure("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES]
             timed = [r for r in candidates if "ms" in r]
             rows.append(min(timed, key=lambda r: r["ms"]) if timed else candidates[0])
             continue
