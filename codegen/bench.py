@@ -240,7 +240,7 @@ def plot(results: list[dict], path: Path) -> bool:
     return True
 
 
-def _cudnn_fp32(spec: ConvSpec, x_torch, w_torch):
+def cudnn_fp32(spec: ConvSpec, x_torch, w_torch):
     import torch
     import torch.nn.functional as F
 
@@ -272,8 +272,8 @@ def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_b
     if spec.layout.channels_last:
         last = (0, spec.dims + 1, *range(1, spec.dims + 1))
         x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    cudnn_seconds = median_seconds(_cudnn_fp32(spec, x_torch, w_torch), repeats)
-    theirs = _cudnn_fp32(spec, x_torch, w_torch)()
+    cudnn_seconds = median_seconds(cudnn_fp32(spec, x_torch, w_torch), repeats)
+    theirs = cudnn_fp32(spec, x_torch, w_torch)()
     rows = []
     for variant in variants:
         row = {"family": "direct", "layer": label, "layout": spec.layout.value, "variant": variant,

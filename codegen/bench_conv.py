@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import _cudnn_fp32, layer_spec, load_shapes, median_seconds, tiles_for
+from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, tiles_for
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -71,7 +71,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     last = (0, spec.dims + 1, *range(1, spec.dims + 1))
     if spec.layout.channels_last:
         x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    run_cudnn = _cudnn_fp32(spec, x_torch, w_torch)
+    run_cudnn = cudnn_fp32(spec, x_torch, w_torch)
     theirs = run_cudnn().double()
     cudnn_seconds = median_seconds(run_cudnn, repeats)
     cudnn_extra = _cudnn_extra_bytes(run_cudnn, math.prod(alg.output_shape) * 4)
