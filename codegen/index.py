@@ -543,28 +543,33 @@ def window_offset(algebra: IndexAlgebra, wcol: sympy.Expr, outer_tap: sympy.Expr
     return linearize([algebra.n, algebra.c, *outer, wcol, outer_tap], shape)
 
 
-def window_transform_terms(algebra: IndexAlgebra) -> dict:
-    """The im2win transform, one thread per tensor element ``t``: its coordinates, the input
-    coordinates it copies, and the bounds check (padding cells are written as zeros)."""
+def window_transform_exprs(algebra: IndexAlgebra) -> dict:
+    """The im2win transform, one thread per tensor element ``t``, as sympy: the names and
+    expressions of its coordinates, and the input coordinates i0.. it copies."""
     spec = algebra.spec
-    shape = window_tensor_shape(algebra)
     wcol, to = _sym("wcol"), _sym("to")
-    if spec.layout.channels_last:
-        names = ["n", *[f"o{j}" for j in range(spec.dims - 1)], "wcol", "to", "c"]
-    else:
-        names = ["n", "c", *[f"o{j}" for j in range(spec.dims - 1)], "wcol", "to"]
-    coords = decompose(algebra.t, shape)
+    outer = [f"o{j}" for j in range(spec.dims - 1)]
+    names = ["n", *outer, "wcol", "to", "c"] if spec.layout.channels_last else ["n", "c", *outer, "wcol", "to"]
     outer_taps = decompose(to, spec.filter_size[:-1])
     last = spec.dims - 1
     sources = [algebra.in_coord[j].subs(algebra.k[j], outer_taps[j]) for j in range(last)]
     sources.append(wcol - spec.padding[last])
+    return {"names": names, "coords": decompose(algebra.t, window_tensor_shape(algebra)), "sources": sources}
+
+
+def window_transform_terms(algebra: IndexAlgebra) -> dict:
+    """``window_transform_exprs`` printed as C, with the bounds check (padding cells are written
+    as zeros; axes without padding are proven inside)."""
+    spec = algebra.spec
+    shape = window_tensor_shape(algebra)
+    exprs = window_transform_exprs(algebra)
     checks = [f"i{j} >= 0 && i{j} < {size}" for j, size in enumerate(spec.input_size) if spec.padding[j] > 0]
     return {
         "window_shape": list(shape),
         "window_elements": math.prod(shape),
-        "window_names": names,
-        "window_coords": [to_c(e) for e in coords],
-        "window_sources": [to_c(e) for e in sources],
+        "window_names": exprs["names"],
+        "window_coords": [to_c(e) for e in exprs["coords"]],
+        "window_sources": [to_c(e) for e in exprs["sources"]],
         "window_bounds": " && ".join(checks) or "true",
     }
 

@@ -104,7 +104,7 @@ def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     """The im2win transform through its maps: every tensor element's coordinates and source."""
     from codegen import index
 
-    terms = _window_transform_exprs(alg)
+    terms = index.window_transform_exprs(alg)
     t = np.arange(int(np.prod(index.window_tensor_shape(alg))))
     values = {name: _eval(alg, expr, t=t) for name, expr in zip(terms["names"], terms["coords"])}
     inside = np.ones(t.shape, dtype=bool)
@@ -114,23 +114,6 @@ def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     offset = _eval(alg, alg.x_offset, **values)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     return np.where(inside, flat[np.where(inside, offset, 0)], 0.0).reshape(index.window_tensor_shape(alg))
-
-
-def _window_transform_exprs(alg: IndexAlgebra) -> dict:
-    """The sympy forms of ``index.window_transform_terms`` (which prints them as C)."""
-    import sympy
-
-    from codegen import index
-
-    spec = alg.spec
-    shape = index.window_tensor_shape(alg)
-    wcol, to = (sympy.Symbol(name, integer=True, nonnegative=True) for name in ("wcol", "to"))
-    outer = [f"o{j}" for j in range(spec.dims - 1)]
-    names = ["n", *outer, "wcol", "to", "c"] if spec.layout.channels_last else ["n", "c", *outer, "wcol", "to"]
-    outer_taps = decompose(to, spec.filter_size[:-1])
-    last = spec.dims - 1
-    sources = [alg.in_coord[j].subs(alg.k[j], outer_taps[j]) for j in range(last)] + [wcol - spec.padding[last]]
-    return {"names": names, "coords": decompose(alg.t, shape), "sources": sources}
 
 
 def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -> np.ndarray:
