@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import sympy
@@ -625,19 +625,23 @@ def row_table(algebra: IndexAlgebra, terms: dict) -> list[tuple[int, ...]]:
     rows = np.arange(algebra.rows)
     c_expr, kk_expr = algebra.row_coords
     values = {"row": rows}
-    c = _evaluate(c_expr, values)
-    kk = _evaluate(kk_expr, values)
-    taps = {f"k{j}": _evaluate(e, {"kk": kk}) for j, e in enumerate(algebra.tap_coords)}
-    delta = _evaluate(terms["a_delta"], {"c": c, **taps})
+    c = evaluate(c_expr, values)
+    kk = evaluate(kk_expr, values)
+    taps = {f"k{j}": evaluate(e, {"kk": kk}) for j, e in enumerate(algebra.tap_coords)}
+    delta = evaluate(terms["a_delta"], {"c": c, **taps})
     columns = [delta] + [taps[f"k{a['axis']}"] * algebra.spec.dilation[a["axis"]] for a in terms["a_checked"]]
     return [tuple(int(v) for v in entry) for entry in zip(*columns)]
 
 
-def _evaluate(expr: sympy.Expr, values: dict[str, np.ndarray]) -> np.ndarray:
-    expr = sympy.sympify(expr)
+@lru_cache(maxsize=4096)
+def _compiled(expr: sympy.Expr):
     symbols = sorted(expr.free_symbols, key=str)
-    size = len(next(iter(values.values())))
-    if not symbols:
-        return np.full(size, int(expr), dtype=np.int64)
-    result = lambdify(symbols, expr)(*[values[str(s)] for s in symbols])
-    return np.floor(np.asarray(result, dtype=np.float64) + 0.5).astype(np.int64)
+    return symbols, lambdify(symbols, expr)
+
+
+def evaluate(expr, values: dict[str, np.ndarray]) -> np.ndarray:
+    """An index expression over integer arrays (broadcast to the first array's shape), exactly:
+    the maps and the precomputed tables use it, compiled once per expression."""
+    symbols, function = _compiled(sympy.sympify(expr))
+    result = np.asarray(function(*[values[str(s)] for s in symbols]), dtype=np.float64)
+    return np.floor(result + 0.5).astype(np.int64) * np.ones_like(next(iter(values.values())), dtype=np.int64)

@@ -5,43 +5,33 @@ in the family modules checks the algebra without a GPU (CPU test tier, GPU-less 
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
-from codegen.index import IndexAlgebra, decompose, lambdify
+from codegen import index
+from codegen.index import IndexAlgebra, decompose
 
 
-@lru_cache(maxsize=4096)
-def _compiled(expr):
-    symbols = sorted(expr.free_symbols, key=str) if hasattr(expr, "free_symbols") else []
-    return symbols, lambdify(symbols, expr)
-
-
-def _eval(alg: IndexAlgebra, expr, **values) -> np.ndarray:
-    symbols, function = _compiled(expr)
-    result = function(*[values[str(s)] for s in symbols])
-    return np.floor(np.asarray(result, dtype=np.float64) + 0.5).astype(np.int64) * np.ones_like(
-        next(iter(values.values())), dtype=np.int64)
+def _eval(expr, **values) -> np.ndarray:
+    return index.evaluate(expr, values)
 
 
 def im2col_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     """Every column-matrix element through row_coords, tap_coords, col_coords, in_coord, x_offset."""
     spec = alg.spec
     row, col = np.meshgrid(np.arange(alg.rows), np.arange(alg.cols), indexing="ij")
-    c = _eval(alg, alg.row_coords[0], row=row)
-    kk = _eval(alg, alg.row_coords[1], row=row)
+    c = _eval(alg.row_coords[0], row=row)
+    kk = _eval(alg.row_coords[1], row=row)
     values = {"c": c, "kk": kk, "col": col}
     for j, expr in enumerate(alg.tap_coords):
-        values[f"k{j}"] = _eval(alg, expr, kk=kk)
-    values["n"] = _eval(alg, alg.col_coords[0], col=col)
+        values[f"k{j}"] = _eval(expr, kk=kk)
+    values["n"] = _eval(alg.col_coords[0], col=col)
     for j, expr in enumerate(alg.col_coords[1:]):
-        values[f"o{j}"] = _eval(alg, expr, col=col)
+        values[f"o{j}"] = _eval(expr, col=col)
     inside = np.ones(row.shape, dtype=bool)
     for j, expr in enumerate(alg.in_coord):
-        values[f"i{j}"] = _eval(alg, expr, **values)
+        values[f"i{j}"] = _eval(expr, **values)
         inside &= (values[f"i{j}"] >= 0) & (values[f"i{j}"] < spec.input_size[j])
-    offset = _eval(alg, alg.x_offset, **values)
+    offset = _eval(alg.x_offset, **values)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     return np.where(inside, flat[np.where(inside, offset, 0)], 0.0)
 
@@ -53,13 +43,13 @@ def col2im_by_maps(alg: IndexAlgebra, col_matrix: np.ndarray) -> np.ndarray:
     t = np.arange(alg.image_elements)
     values: dict[str, np.ndarray] = {}
     if spec.layout.channels_last:
-        pix, c = (_eval(alg, expr, t=t) for expr in decompose(alg.t, (alg.pixels, spec.pitch)))
+        pix, c = (_eval(expr, t=t) for expr in decompose(alg.t, (alg.pixels, spec.pitch)))
         values["pix"] = pix
         for name, expr in zip(["n"] + [f"i{j}" for j in range(spec.dims)], alg.pixel_coords):
-            values[name] = _eval(alg, expr, pix=pix)
+            values[name] = _eval(expr, pix=pix)
     else:
         for name, expr in zip(["n", "c"] + [f"i{j}" for j in range(spec.dims)], alg.image_coords):
-            values[name] = _eval(alg, expr, t=t)
+            values[name] = _eval(expr, t=t)
         c = values["c"]
     values["c"] = c
     image = np.zeros(alg.image_elements)
@@ -67,15 +57,15 @@ def col2im_by_maps(alg: IndexAlgebra, col_matrix: np.ndarray) -> np.ndarray:
     for kk in range(alg.taps):
         tap = dict(values, kk=np.full_like(t, kk))
         for j, expr in enumerate(alg.tap_coords):
-            tap[f"k{j}"] = _eval(alg, expr, kk=tap["kk"])
+            tap[f"k{j}"] = _eval(expr, kk=tap["kk"])
         valid = real_channel.copy()
         for j, expr in enumerate(alg.window_numerator):
-            w = _eval(alg, expr, **tap)
+            w = _eval(expr, **tap)
             s = spec.stride[j]
             valid &= (w >= 0) & (w % s == 0) & (w // s < alg.out_size[j])
             tap[f"o{j}"] = np.where(valid, w // s, 0)
-        column = _eval(alg, alg.col_linear, **tap)
-        row = _eval(alg, alg.row_of, **tap)
+        column = _eval(alg.col_linear, **tap)
+        row = _eval(alg.row_of, **tap)
         offset = np.where(valid, row * alg.cols + column, 0)
         image += np.where(valid, flat_col[offset], 0.0)
     return image.reshape(alg.image_shape)
@@ -87,31 +77,29 @@ def direct_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray) -> np.ndarra
     spec = alg.spec
     col = im2col_by_maps(alg, x)
     oc, row = np.meshgrid(np.arange(spec.k), np.arange(alg.rows), indexing="ij")
-    c = _eval(alg, alg.row_coords[0], row=row)
-    kk = _eval(alg, alg.row_coords[1], row=row)
-    filters = np.asarray(w, dtype=np.float64).reshape(-1)[_eval(alg, alg.w_offset, oc=oc, c=c, kk=kk)]
+    c = _eval(alg.row_coords[0], row=row)
+    kk = _eval(alg.row_coords[1], row=row)
+    filters = np.asarray(w, dtype=np.float64).reshape(-1)[_eval(alg.w_offset, oc=oc, c=c, kk=kk)]
     product = filters @ col
     oc, column = np.meshgrid(np.arange(spec.k), np.arange(alg.cols), indexing="ij")
-    values = {"oc": oc, "n": _eval(alg, alg.col_coords[0], col=column)}
+    values = {"oc": oc, "n": _eval(alg.col_coords[0], col=column)}
     for j, expr in enumerate(alg.col_coords[1:]):
-        values[f"o{j}"] = _eval(alg, expr, col=column)
+        values[f"o{j}"] = _eval(expr, col=column)
     y = np.full(int(np.prod(alg.output_shape)), np.nan)
-    y[_eval(alg, alg.y_offset, **values)] = product
+    y[_eval(alg.y_offset, **values)] = product
     return y.reshape(alg.output_shape)
 
 
 def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     """The im2win transform through its maps: every tensor element's coordinates and source."""
-    from codegen import index
-
     terms = index.window_transform_exprs(alg)
     t = np.arange(int(np.prod(index.window_tensor_shape(alg))))
-    values = {name: _eval(alg, expr, t=t) for name, expr in zip(terms["names"], terms["coords"])}
+    values = {name: _eval(expr, t=t) for name, expr in zip(terms["names"], terms["coords"])}
     inside = np.ones(t.shape, dtype=bool)
     for j, expr in enumerate(terms["sources"]):
-        values[f"i{j}"] = _eval(alg, expr, **values) if expr.free_symbols else np.full_like(t, int(expr))
+        values[f"i{j}"] = _eval(expr, **values)
         inside &= (values[f"i{j}"] >= 0) & (values[f"i{j}"] < alg.spec.input_size[j])
-    offset = _eval(alg, alg.x_offset, **values)
+    offset = _eval(alg.x_offset, **values)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     return np.where(inside, flat[np.where(inside, offset, 0)], 0.0).reshape(index.window_tensor_shape(alg))
 
@@ -120,28 +108,26 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     """The implicit GEMM as its kernels form it: A(m, row) from a per-pixel base plus a per-row
     delta (both the precomputed table and the printed expression, which must agree), zero where a
     padded axis leaves the image, times B = the filter, scattered by the epilogue's offsets."""
-    from codegen import index
-
     spec = alg.spec
     terms = index.gemm_terms(alg, source)
     table = np.array(index.row_table(alg, terms), dtype=np.int64).reshape(alg.rows, -1)
     row = np.arange(alg.rows)
-    row_values = {"row": row, "c": _eval(alg, alg.row_coords[0], row=row)}
-    row_values["kk"] = _eval(alg, alg.row_coords[1], row=row)
+    row_values = {"row": row, "c": _eval(alg.row_coords[0], row=row)}
+    row_values["kk"] = _eval(alg.row_coords[1], row=row)
     for j, expr in enumerate(alg.tap_coords):
-        row_values[f"k{j}"] = _eval(alg, expr, kk=row_values["kk"])
-    delta = _eval(alg, terms["a_delta"], **row_values) if terms["a_delta"].free_symbols else np.zeros_like(row)
+        row_values[f"k{j}"] = _eval(expr, kk=row_values["kk"])
+    delta = _eval(terms["a_delta"], **row_values)
     if not np.array_equal(delta, table[:, 0]):
         raise AssertionError("precomputed row table disagrees with the printed delta")
     col = np.arange(alg.cols)
-    pixel = {"n": _eval(alg, alg.col_coords[0], col=col)}
+    pixel = {"n": _eval(alg.col_coords[0], col=col)}
     for j, expr in enumerate(alg.col_coords[1:]):
-        pixel[f"o{j}"] = _eval(alg, expr, col=col)
-    base = _eval(alg, terms["exprs"]["a_base"], **pixel)
+        pixel[f"o{j}"] = _eval(expr, col=col)
+    base = _eval(terms["exprs"]["a_base"], **pixel)
     inside = np.ones((alg.cols, alg.rows), dtype=bool)
     for position, check in enumerate(terms["a_checked"]):
         j = check["axis"]
-        origin = _eval(alg, terms["exprs"]["a_origin"][j], **pixel)
+        origin = _eval(terms["exprs"]["a_origin"][j], **pixel)
         coordinate = origin[:, None] + table[None, :, 1 + position]
         inside &= (coordinate >= 0) & (coordinate < check["size"])
     src = window_tensor_by_maps(alg, x) if source == "window" else np.asarray(x, dtype=np.float64)
@@ -150,7 +136,7 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     a = np.where(inside, flat[np.where(inside, offset, 0)], 0.0)
     b = np.asarray(w, dtype=np.float64).reshape(spec.k, alg.rows).T
     product = a @ b
-    y_base = _eval(alg, terms["exprs"]["y_base"], **pixel)
+    y_base = _eval(terms["exprs"]["y_base"], **pixel)
     y = np.full(int(np.prod(alg.output_shape)), np.nan)
     y[y_base[:, None] + np.arange(spec.k)[None, :] * terms["y_oc_stride"]] = product
     return y.reshape(alg.output_shape)
