@@ -160,6 +160,9 @@ class TuningDB:
 
 
 _DEVICE: list = []
+_OPEN_DBS: dict[Path, TuningDB] = {}
+"""One database object per path, so every build does not parse the file again (it re-reads it
+only when its modification time changes)."""
 
 
 def current_device() -> tuple[str, str] | None:
@@ -183,7 +186,10 @@ def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None) -> dict
     device = current_device()
     if device is None:
         return None
-    return (db or TuningDB()).lookup(family, spec, device)
+    if db is None:
+        path = default_db_path()
+        db = _OPEN_DBS.setdefault(path, TuningDB(path))
+    return db.lookup(family, spec, device)
 
 
 # -- search ------------------------------------------------------------------------------------

@@ -55,6 +55,25 @@ def _torch():
     return pytest.importorskip("torch")
 
 
+def _torch_case(spec, seed):
+    """Random x and w in PyTorch's NC(D)HW, laid out for ``spec`` (channels-last with its pitch),
+    and PyTorch's float64 convolution of them: the second oracle."""
+    torch = _torch()
+    import torch.nn.functional as F
+
+    generator = torch.Generator("cuda").manual_seed(seed)
+    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=generator) - 0.5
+    w = torch.rand(spec.k, spec.c, *spec.filter_size, device="cuda", generator=generator) - 0.5
+    conv = F.conv2d if spec.dims == 2 else F.conv3d
+    theirs = conv(x.double(), w.double(), stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+    if not spec.layout.channels_last:
+        return x, w, theirs
+    last = (0, *range(2, 2 + spec.dims), 1)
+    ours_x = torch.zeros(spec.n, *spec.input_size, spec.pitch, device="cuda")
+    ours_x[..., : spec.c] = x.permute(*last)
+    return ours_x, w.permute(*last).contiguous(), theirs
+
+
 @GPU
 @given(spec=specs(dims=2), seed=st.integers(0, 2**16))
 def test_im2col_against_torch_unfold(spec, seed):
@@ -202,27 +221,14 @@ def test_direct_variants(spec, seed, variant, tile_h, tile_w, per_thread):
 @GPU
 @given(spec=specs(max_channels=6), seed=st.integers(0, 2**16), variant=st.sampled_from(DIRECT_VARIANTS))
 def test_direct_against_torch_conv(spec, seed, variant):
-    torch = _torch()
-    import torch.nn.functional as F
-
     from codegen.api import build
 
     assume_tiles = _direct_tiles(spec, variant, 8, 8)
     from hypothesis import assume
 
     assume(assume_tiles is not None)
-    generator = torch.Generator("cuda").manual_seed(seed)
-    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=generator) - 0.5
-    w = torch.rand(spec.k, spec.c, *spec.filter_size, device="cuda", generator=generator) - 0.5
-    conv = F.conv2d if spec.dims == 2 else F.conv3d
-    theirs = conv(x.double(), w.double(), stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
-    last = (0, *range(2, 2 + spec.dims), 1)
-    if spec.layout.channels_last:
-        ours_x = torch.zeros(spec.n, *spec.input_size, spec.pitch, device="cuda")
-        ours_x[..., : spec.c] = x.permute(*last)
-        ours_w = w.permute(*last).contiguous()
-    else:
-        ours_x, ours_w = x, w
+    torch = _torch()
+    ours_x, ours_w, theirs = _torch_case(spec, seed)
     y = build("direct", spec, assume_tiles)(ours_x.contiguous(), ours_w.contiguous())
     if spec.layout.channels_last:
         y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
@@ -289,23 +295,10 @@ def test_im2col_gemm_chunks(spec, seed, chunk):
 @GPU
 @given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), family=st.sampled_from(GEMM_FAMILIES + ("im2col_gemm",)))
 def test_gemm_families_against_torch_conv(spec, seed, family):
-    torch = _torch()
-    import torch.nn.functional as F
-
     from codegen.api import build
 
-    generator = torch.Generator("cuda").manual_seed(seed)
-    x = torch.rand(spec.n, spec.c, *spec.input_size, device="cuda", generator=generator) - 0.5
-    w = torch.rand(spec.k, spec.c, *spec.filter_size, device="cuda", generator=generator) - 0.5
-    conv = F.conv2d if spec.dims == 2 else F.conv3d
-    theirs = conv(x.double(), w.double(), stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
-    last = (0, *range(2, 2 + spec.dims), 1)
-    if spec.layout.channels_last:
-        ours_x = torch.zeros(spec.n, *spec.input_size, spec.pitch, device="cuda")
-        ours_x[..., : spec.c] = x.permute(*last)
-        ours_w = w.permute(*last).contiguous()
-    else:
-        ours_x, ours_w = x, w
+    torch = _torch()
+    ours_x, ours_w, theirs = _torch_case(spec, seed)
     y = build(family, spec)(ours_x.contiguous(), ours_w.contiguous())
     if spec.layout.channels_last:
         y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
