@@ -164,17 +164,22 @@ def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats:
     return result
 
 
+def select_layers(shapes: list[dict], layers) -> list[dict]:
+    """The layers named in ``layers`` (all when empty), refusing names the benchmark does not have."""
+    if not layers:
+        return shapes
+    known = [l["name"] for l in shapes]
+    unknown = [name for name in layers if name not in known]
+    if unknown:
+        from codegen.spec import SpecError
+
+        raise SpecError("--layers", unknown[0], f"must be among {', '.join(known)}")
+    return [l for l in shapes if l["name"] in layers]
+
+
 def bench_memory_family(family: str, layouts=("NCHW", "NHWC"), layers=None, out_dir: Path = Path("bench-out"),
                         repeats: int = 10) -> list[dict]:
-    shapes = load_shapes()["conv2d_mec"]
-    if layers:
-        known = {l["name"] for l in shapes}
-        unknown = [name for name in layers if name not in known]
-        if unknown:
-            from codegen.spec import SpecError
-
-            raise SpecError("--layers", unknown[0], f"must be among {', '.join(sorted(known))}")
-        shapes = [l for l in shapes if l["name"] in layers]
+    shapes = select_layers(load_shapes()["conv2d_mec"], layers)
     copy_bps = copy_bandwidth()
     results = []
     total = len(shapes) * len(layouts)
@@ -306,23 +311,24 @@ def tiles_for(spec: ConvSpec, variant: str) -> dict:
 
 
 def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("filter2d", "conv2d_mec", "conv3d"),
-                 variants=("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")) -> list[dict]:
+                 variants=("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register"), layers=None) -> list[dict]:
     shapes = load_shapes()
+    chosen = select_layers([dict(layer, group=group) for group in sets for layer in shapes[group]], layers)
     copy_bps = copy_bandwidth()
     results = []
     start = time.perf_counter()
-    for group in sets:
-        for layer in shapes[group]:
-            layout = "NCDHW" if group == "conv3d" else "NCHW"
-            spec = layer_spec(layer, layout, layer["N"])
-            layer_repeats = repeats if group == "filter2d" else max(3, repeats // 3)
-            rows = bench_direct_spec(spec, layer["name"], variants, layer_repeats, copy_bps)
-            results.extend(rows)
-            timed = [r for r in rows if "ms" in r]
-            best = min(timed, key=lambda r: r["ms"]) if timed else None
-            print(f"[{len(results)}] direct {layer['name']}: best {best['variant'] if best else '-'} "
-                  f"{best['ms'] if best else float('nan'):.3f} ms, cuDNN {rows[0]['cudnn_ms']:.3f} ms "
-                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    for layer in chosen:
+        group = layer["group"]
+        layout = "NCDHW" if group == "conv3d" else "NCHW"
+        spec = layer_spec(layer, layout, layer["N"])
+        layer_repeats = repeats if group == "filter2d" else max(3, repeats // 3)
+        rows = bench_direct_spec(spec, layer["name"], variants, layer_repeats, copy_bps)
+        results.extend(rows)
+        timed = [r for r in rows if "ms" in r]
+        best = min(timed, key=lambda r: r["ms"]) if timed else None
+        print(f"[{len(results)}] direct {layer['name']}: best {best['variant'] if best else '-'} "
+              f"{best['ms'] if best else float('nan'):.3f} ms, cuDNN {rows[0]['cudnn_ms']:.3f} ms "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "direct.json").write_text(json.dumps(results, indent=1))
     plot_direct(results, out_dir / "direct.png")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, tiles_for
+from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -126,7 +126,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     shapes = load_shapes()
     results: list[dict] = []
     start = time.perf_counter()
-    chosen = [l for l in shapes["conv2d_mec"] + shapes["conv3d"] if not layers or l["name"] in layers]
+    chosen = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], layers)
     for index, layer in enumerate(chosen, 1):
         dims = 3 if "D" in layer else 2
         for layout in [l for l in layouts if len(l) - 2 == dims]:

@@ -199,7 +199,7 @@ def cmd_bench(args) -> int:
     from codegen import bench
 
     if args.family == "direct":
-        results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats)
+        results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers)
         print(bench.format_direct_table(results))
         return 0
     if args.family == "conv":
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
     bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
                            "configurations (tuned against heuristic against cuDNN)")
-    bench_cmd.add_argument("--layers", nargs="+", help="layer names (default all twelve)")
+    bench_cmd.add_argument("--layers", nargs="+", help="layer names of shapes.json (default all the family runs on; 'direct' also takes filter_r1..filter_r4)")
     bench_cmd.add_argument("--repeats", type=int, default=10)
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
     bench_cmd.set_defaults(func=cmd_bench)

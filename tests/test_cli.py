@@ -170,3 +170,14 @@ def test_tune_without_a_gpu_says_so(capsys):
         pytest.skip("a GPU is visible")
     assert main(["tune", "implicit_gemm", "--layer", "conv8"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_bench_layers_are_checked_before_any_gpu_work():
+    from codegen.bench import load_shapes, select_layers
+    from codegen.spec import SpecError
+
+    shapes = load_shapes()["filter2d"]
+    assert [l["name"] for l in select_layers(shapes, ["filter_r4", "filter_r1"])] == ["filter_r1", "filter_r4"]
+    assert select_layers(shapes, None) == shapes
+    with pytest.raises(SpecError, match="--layers='filter_r5'.*filter_r1, filter_r2"):
+        select_layers(shapes, ["filter_r5"])

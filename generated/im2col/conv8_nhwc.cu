@@ -10,7 +10,8 @@
 //   nvcc -arch=sm_90 -c conv8_nhwc.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST conv8_nhwc.cu -o selftest  (self-test program)
 // Host API: convgen_im2col_conv8_nhwc(const float* x, float* col, cudaStream_t stream)
-// takes device pointers to C-contiguous float32 arrays of the shapes above and returns the first
+// takes device pointers to C-contiguous float32 arrays of the shapes above
+// (x, col 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 
 #include <cuda_runtime.h>
@@ -74,6 +75,8 @@ convgen_im2col_vec_generic_52d54213c7(const float* __restrict__ x, float* __rest
 
 extern "C" cudaError_t convgen_im2col_conv8_nhwc(const float* x, float* col, cudaStream_t stream)
 {
+    if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
+    if (reinterpret_cast<unsigned long long>(col) % 16) return cudaErrorInvalidValue;  // vector accesses: col must be 16-byte aligned
     convgen_im2col_vec_generic_52d54213c7<<<dim3(242000, 1, 1), dim3(128, 2, 1), 0, stream>>>(x, col);
     return cudaGetLastError();
 }

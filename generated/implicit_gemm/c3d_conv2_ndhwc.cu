@@ -10,7 +10,8 @@
 //   nvcc -arch=sm_90 -c c3d_conv2_ndhwc.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST c3d_conv2_ndhwc.cu -o selftest  (self-test program)
 // Host API: convgen_implicit_gemm_c3d_conv2_ndhwc(const float* x, const float* w, float* y, cudaStream_t stream)
-// takes device pointers to C-contiguous float32 arrays of the shapes above and returns the first
+// takes device pointers to C-contiguous float32 arrays of the shapes above
+// (x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 
 #include <cuda_runtime.h>
@@ -423,6 +424,8 @@ convgen_implicit_gemm_precomp_198018bdc4(const float* __restrict__ x, const floa
 
 extern "C" cudaError_t convgen_implicit_gemm_c3d_conv2_ndhwc(const float* x, const float* w, float* y, cudaStream_t stream)
 {
+    if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
+    if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_precomp_198018bdc4, cudaFuncAttributeMaxDynamicSharedMemorySize, 67584);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_precomp_198018bdc4<<<dim3(3136, 1, 1), dim3(256, 1, 1), 67584, stream>>>(x, w, y);

@@ -10,7 +10,8 @@
 //   nvcc -arch=sm_90 -c conv4_nhwc.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST conv4_nhwc.cu -o selftest  (self-test program)
 // Host API: convgen_implicit_gemm_conv4_nhwc(const float* x, const float* w, float* y, cudaStream_t stream)
-// takes device pointers to C-contiguous float32 arrays of the shapes above and returns the first
+// takes device pointers to C-contiguous float32 arrays of the shapes above
+// (x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 
 #include <cuda_runtime.h>
@@ -600,6 +601,8 @@ convgen_implicit_gemm_precomp_f798b815e7(const float* __restrict__ x, const floa
 
 extern "C" cudaError_t convgen_implicit_gemm_conv4_nhwc(const float* x, const float* w, float* y, cudaStream_t stream)
 {
+    if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
+    if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
     convgen_implicit_gemm_precomp_f798b815e7<<<dim3(11881, 1, 1), dim3(128, 1, 1), 38400, stream>>>(x, w, y);
     return cudaGetLastError();
 }
