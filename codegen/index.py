@@ -308,21 +308,23 @@ class IndexAlgebra:
         return tuple(numerators)
 
     # -- bounds ---------------------------------------------------------------------------
-    def largest_index(self, padded_threads: int = 0) -> int:
-        """Proven largest linear index any kernel of this spec forms (buffer offsets and thread ids)."""
+    def largest_index(self, padded_threads: int = 0, column_matrix: bool = True) -> int:
+        """Proven largest linear index any kernel of this spec forms (buffer offsets and thread ids);
+        ``column_matrix=False`` for kernels that never address the column matrix (the direct
+        family), whose offsets can pass 2^31 long before the image's do (81 taps x 8192^2)."""
         s = self.spec
         box = {self.n: s.n - 1, self.c: max(s.c, s.pitch) - 1, self.row: self.rows - 1, self.col: self.cols - 1}
         box.update({i: size - 1 for i, size in zip(self.i, s.input_size)})
         image_max = max_over_box(self.x_offset, box)
         if s.layout.channels_last:
             image_max = max(image_max, self.image_elements - 1)
-        col_max = max_over_box(self.col_offset, box)
+        col_max = max_over_box(self.col_offset, box) if column_matrix else 0
         convolution_max = max(math.prod(self.output_shape), math.prod(self.filter_shape)) - 1
         return max(image_max, col_max, convolution_max, padded_threads - 1)
 
-    def index_type(self, padded_threads: int = 0) -> str:
+    def index_type(self, padded_threads: int = 0, column_matrix: bool = True) -> str:
         """``int`` when every index provably fits in 32 bits, else ``long long``."""
-        return "int" if self.largest_index(padded_threads) <= INT32_MAX else "long long"
+        return "int" if self.largest_index(padded_threads, column_matrix) <= INT32_MAX else "long long"
 
 
 class IntegerNumPyPrinter(NumPyPrinter):
@@ -420,11 +422,12 @@ def window_ranges(algebra: IndexAlgebra) -> list[dict]:
     return axes
 
 
-def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
+def template_context(alg: IndexAlgebra, padded_threads: int, column_matrix: bool = True) -> dict:
     """The index maps every template may use, printed as C with the spec's constants folded in."""
     spec = alg.spec
     return {
-        "idx_t": alg.index_type(padded_threads),
+        "idx_t": alg.index_type(padded_threads, column_matrix),
+        "largest_index": alg.largest_index(padded_threads, column_matrix),
         "dims": spec.dims,
         "channels_last": spec.layout.channels_last,
         "C": spec.c,
@@ -463,36 +466,49 @@ def template_context(alg: IndexAlgebra, padded_threads: int) -> dict:
     }
 
 
-def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: int = 1) -> dict:
+def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[int, int] = (1, 1),
+               align: int = 1) -> dict:
     """Spatial tiling of the last two axes (H, W) for the tiled direct kernels.
 
     With tile index ``tile<j>`` and a thread's local output ``l<j>`` on axis j: the tile's first
     output is tile*T; the first input its window reads is in_coord(o = tile*T, k = 0); and the
     input that local output l reads at tap k sits at l*s + k*d from there.  The cache variant keeps
     in shared memory the T inputs starting at tile*T*s (the tile's "own" inputs: for stride 1
-    and padding r these are the inputs at the outputs' own coordinates, as in the seed)."""
+    and padding r these are the inputs at the outputs' own coordinates, as in the seed).
+
+    Register blocking: a thread owns ``per_thread[j]`` consecutive outputs on axis j (local
+    index u on H, v on W), so its window starts at input l*per*s and output u (v) reads element
+    ``window_index`` = u*s + k*d of it at tap k, ``window_extent`` elements in all;
+    ``window_taps[e]`` lists the (u, k) pairs that read element e.  With ``align`` > 1 the
+    W axis is stored from the aligned input column below the halo's origin (``lead`` columns
+    earlier), which holds for every tile when T*s is a multiple of ``align``."""
     spec = algebra.spec
     axes = []
     for position, j in enumerate(range(spec.dims - 2, spec.dims)):
         tile_index = _sym(f"tile{j}")
         local = _sym(f"l{j}")
+        per = per_thread[position]
         first_output = tile_index * tile[position]
         halo_origin = algebra.in_coord[j].subs({algebra.o[j]: first_output, algebra.k[j]: 0})
         local_input = sympy.expand(algebra.in_coord[j].subs(algebra.o[j], first_output + local) - halo_origin)
+        extent = (per - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1
+        lead = int(halo_origin.subs(tile_index, 0)) % align if position == 1 else 0
         axes.append({
             "axis": j,
             "tile": tile[position],
             "tiles": -(-algebra.out_size[j] // tile[position]),
             "first_output": to_c(first_output),
             "halo_origin": to_c(halo_origin),
+            "aligned_origin": to_c(halo_origin - lead),
+            "lead": lead,
             "own_origin": to_c(sympy.expand(first_output * spec.stride[j])),
             "local_input": to_c(local_input),
             "halo_extent": (tile[position] - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1,
-            # register blocking (W axis): a thread's per_thread outputs start at input l*per_thread*s,
-            # and output v at tap k reads window element local_input(l=v, k).
-            "window_start": to_c(sympy.expand(local_input.subs({local: local * per_thread, algebra.k[j]: 0}))),
-            "window": [[int(local_input.subs({local: v, algebra.k[j]: k})) for k in range(spec.filter_size[j])]
-                       for v in range(per_thread)],
+            "window_start": to_c(sympy.expand(local_input.subs({local: local * per, algebra.k[j]: 0}))),
+            "window_index": to_c(local_input.subs(local, _sym("uv"[position]))),
+            "window_extent": extent,
+            "window_taps": [[(v, k) for v in range(per) for k in range(spec.filter_size[j])
+                             if local_input.subs({local: v, algebra.k[j]: k}) == e] for e in range(extent)],
         })
     plane = _sym("plane")
     inner = spec.filter_size[-2:]

@@ -142,6 +142,84 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     return y.reshape(alg.output_shape)
 
 
+def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The tiled_register kernel's tile algebra run on the CPU, thread by thread: the shared tile
+    is filled from the copy origin the kernel prints (NaN where the kernel copies nothing, zeros
+    for ghost cells), each thread reads its windows at the printed offsets and applies the
+    (output row, filter row) pairs the template lists.  Only the layout's x/y offsets are left to
+    the GPU tests."""
+    from codegen.families import get_family
+
+    alg = IndexAlgebra(spec)
+    family = get_family("direct")
+    tiles = family.complete_tiles(spec, tiles if isinstance(tiles, dict) else tiles.to_dict())
+    context = family.plan(spec, tiles).context
+    rows_axis, cols_axis = context["axes"]
+    a, b = rows_axis["axis"], cols_axis["axis"]
+    width = context["row_units"] * (4 if context["vector_load"] else 1)
+    window_floats = context["window_loads"] * 4 if context["vector_window"] else cols_axis["window_extent"]
+    threads = (tiles.tile_h // tiles.rows_per_thread, tiles.tile_w // tiles.per_thread)
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    if spec.layout.channels_last:
+        x, w = np.moveaxis(x[..., :spec.c], -1, 1), np.moveaxis(w, -1, 1)
+    size_a, size_b = spec.input_size[a], spec.input_size[b]
+
+    def one(value: str, **values) -> int:
+        return int(_eval(value, **{k: np.int64(v) for k, v in values.items()}))
+
+    def plane(xp: np.ndarray, wp: np.ndarray) -> np.ndarray:
+        """One 2D convolution (N, C, H, W) * (K, C, R, S) the way the kernel's blocks compute it."""
+        out = np.full((spec.n, spec.k, alg.out_size[a], alg.out_size[b]), np.nan)
+        for ta in range(rows_axis["tiles"]):
+            for tb in range(cols_axis["tiles"]):
+                origin_a = one(rows_axis["halo_origin"], **{f"tile{a}": ta})
+                origin_b = one(cols_axis["aligned_origin" if context["vector_load"] else "halo_origin"], **{f"tile{b}": tb})
+                if context["vector_load"] and (origin_b % 4 or size_b % 4):
+                    raise AssertionError(f"16-byte copies from column {origin_b} of a row of {size_b}: misaligned")
+                shared = np.full((spec.n, spec.c, rows_axis["halo_extent"], context["row_pitch"]), np.nan)
+                for row in range(rows_axis["halo_extent"]):
+                    for col in range(width):
+                        ia, ib = origin_a + row, origin_b + col
+                        inside = 0 <= ia < size_a and 0 <= ib < size_b
+                        shared[:, :, row, col] = xp[:, :, ia, ib] if inside else 0.0
+                for la in range(threads[0]):
+                    for lb in range(threads[1]):
+                        first_row = one(rows_axis["window_start"], **{f"l{a}": la})
+                        first_col = one(cols_axis["window_start"], **{f"l{b}": lb}) + context["window_start_shift"]
+                        if context["vector_window"] and first_col % 4:
+                            raise AssertionError(f"float4 window read at shared column {first_col}: misaligned")
+                        if first_col + window_floats > context["row_pitch"]:
+                            raise AssertionError(f"window of {window_floats} at column {first_col} passes the "
+                                                 f"row pitch {context['row_pitch']}")
+                        acc = np.zeros((spec.n, spec.k, tiles.rows_per_thread, tiles.per_thread))
+                        for r, taps in enumerate(rows_axis["window_taps"]):
+                            window = shared[:, :, first_row + r, first_col:first_col + window_floats]
+                            for u, ka in taps:
+                                for kb in range(spec.filter_size[b]):
+                                    for v in range(tiles.per_thread):
+                                        e = context["window_offset"] + one(cols_axis["window_index"], v=v, **{f"k{b}": kb})
+                                        acc[:, :, u, v] += window[:, :, e] @ wp[:, :, ka, kb].T
+                        for u in range(tiles.rows_per_thread):
+                            for v in range(tiles.per_thread):
+                                oa = ta * tiles.tile_h + la * tiles.rows_per_thread + u
+                                ob = tb * tiles.tile_w + lb * tiles.per_thread + v
+                                if oa < out.shape[2] and ob < out.shape[3]:
+                                    out[:, :, oa, ob] = acc[:, :, u, v]
+        return out
+
+    if spec.dims == 2:
+        y = plane(x, w)
+    else:
+        y = np.zeros((spec.n, spec.k, *alg.out_size))
+        for o0 in range(alg.out_size[0]):
+            for k0 in range(spec.filter_size[0]):
+                i0 = one(str(alg.in_coord[0]), o0=o0, k0=k0)
+                if 0 <= i0 < spec.input_size[0]:
+                    y[:, :, o0] += plane(x[:, :, i0], w[:, :, k0])
+    return np.moveaxis(y, 1, -1) if spec.layout.channels_last else y
+
+
 def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
     alg = IndexAlgebra(spec)
     if family == "im2col":

@@ -36,9 +36,6 @@ class KernelSource:
 
 
 def _context(plan: KernelPlan) -> dict:
-    from codegen.index import IndexAlgebra
-
-    largest = IndexAlgebra(plan.spec).largest_index(max(l.threads for l in plan.launches))
     return {
         **plan.context,
         "version": __version__,
@@ -46,7 +43,6 @@ def _context(plan: KernelPlan) -> dict:
         "family_template": f"{plan.family}.cu.j2",
         "spec_line": plan.spec.describe(),
         "tiles_line": plan.tiles.describe(),
-        "largest_index": largest,
         "launches": plan.launches,
         "buffers": plan.buffers,
         "zero_output": plan.zero_output,

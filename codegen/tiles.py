@@ -81,6 +81,9 @@ def check_block(threads: int, field: str, value: Any) -> None:
         raise SpecError(field, value, f"gives {threads} threads per block; at most {MAX_THREADS_PER_BLOCK} are allowed")
 
 
-def check_shared(nbytes: int, field: str, value: Any) -> None:
-    if nbytes > STATIC_SHARED_LIMIT:
-        raise SpecError(field, value, f"needs {nbytes} bytes of shared memory; at most {STATIC_SHARED_LIMIT} are allowed")
+def check_shared(nbytes: int, field: str, value: Any, dynamic: bool = False) -> None:
+    """Static shared memory stops at 48 KB; dynamic goes to the sm_90 opt-in limit."""
+    limit = DYNAMIC_SHARED_LIMIT if dynamic else STATIC_SHARED_LIMIT
+    if nbytes > limit:
+        kind = " (sm_90 opt-in dynamic shared memory)" if dynamic else ""
+        raise SpecError(field, value, f"needs {nbytes} bytes of shared memory; at most {limit} are allowed{kind}")

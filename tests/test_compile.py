@@ -33,6 +33,17 @@ GEMM_SWITCHES = {
     "wide": {"block_m": 128, "block_n": 64, "block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8,
              "stages": 4},
 }
+REGISTER_SWITCHES = {
+    "pipelined": {"stages": 2, "tiles_per_block": 2},
+    "three-stages-constant-filter": {"stages": 3, "filter_memory": "constant"},
+    "scalar-window": {"per_thread": 2, "tile_w": 8, "rows_per_thread": 3, "tile_h": 6},
+    "vector-copies": {"per_thread": 4, "tile_w": 8, "rows_per_thread": 2, "tile_h": 4},
+}
+VECTOR_SPECS = {  # W and OW multiples of 4: 16-byte copies, float4 windows and stores
+    "2d-nchw-w16": ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=2, input_size=(9, 16), filter_size=3, padding=1),
+    "3d-ncdhw-w8": ConvSpec(dims=3, layout="NCDHW", n=1, c=2, k=2, input_size=(4, 5, 8), filter_size=(2, 3, 3),
+                            padding=(0, 1, 1)),
+}
 VARIANTS = (
     [("im2col", name, spec, {"vectorized": False}) for name, spec in SPECS.items()]
     + [("im2col", f"{dims}-{p}", ConvSpec.from_dict({**SPECS[f"{dims}-{'nhwc' if dims == '2d' else 'ndhwc'}"].to_dict(),
@@ -48,6 +59,8 @@ VARIANTS = (
        for family in ("implicit_gemm", "im2win") for name, spec in SPECS.items()
        for switch, tiles in GEMM_SWITCHES.items()]
     + [("im2col_gemm", name, spec, None) for name, spec in SPECS.items()]
+    + [("direct", f"{name}-register-{switch}", spec, {"variant": "tiled_register", **tiles})
+       for name, spec in {**SPECS, **VECTOR_SPECS}.items() for switch, tiles in REGISTER_SWITCHES.items()]
 )
 
 

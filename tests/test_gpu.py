@@ -196,15 +196,10 @@ DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_regi
 
 def _direct_tiles(spec, variant, tile_h, tile_w, per_thread=1):
     """A valid tile choice for the spec, or None (Hypothesis then skips the example)."""
-    from codegen.api import plan
-    from codegen.spec import SpecError
-
     tiles = {"variant": variant, "tile_h": tile_h, "tile_w": tile_w * per_thread, "per_thread": per_thread}
-    try:
-        plan("direct", spec, tiles)
-    except SpecError:
-        return None
-    return tiles
+    if variant == "tiled_register":
+        tiles["rows_per_thread"] = 1
+    return tiles if _direct_tiles_valid(spec, tiles) else None
 
 
 @GPU
@@ -223,7 +218,7 @@ def test_direct_variants(spec, seed, variant, tile_h, tile_w, per_thread):
 def test_direct_against_torch_conv(spec, seed, variant):
     from codegen.api import build
 
-    assume_tiles = _direct_tiles(spec, variant, 8, 8)
+    assume_tiles = {"variant": variant} if variant == "tiled_register" else _direct_tiles(spec, variant, 8, 8)
     from hypothesis import assume
 
     assume(assume_tiles is not None)
@@ -235,10 +230,44 @@ def test_direct_against_torch_conv(spec, seed, variant):
     torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
 
 
+@GPU
+@pytest.mark.parametrize("dims", (2, 3))
+@given(data=st.data(), seed=st.integers(0, 2**16), per_thread=st.sampled_from((1, 2, 4, 8)),
+       rows=st.integers(1, 8), across=st.integers(1, 4), down=st.integers(1, 4), stages=st.integers(1, 3),
+       tiles_per_block=st.integers(1, 3), filter_memory=st.sampled_from(("global", "constant")))
+def test_direct_register_switches(dims, data, seed, per_thread, rows, across, down, stages, tiles_per_block,
+                                  filter_memory):
+    """tiled_register with every switch: register tile, pipeline depth, tiles per block, filter
+    memory; W sizes up to 20 reach the 16-byte copies and float4 windows and stores.  One test per
+    dimensionality, so the GPU tier runs them side by side."""
+    from hypothesis import assume
+
+    spec = data.draw(specs(dims=dims, max_channels=5, max_size=20))
+
+    tiles = {"variant": "tiled_register", "per_thread": per_thread, "tile_w": per_thread * across,
+             "rows_per_thread": rows, "tile_h": rows * down, "stages": stages, "tiles_per_block": tiles_per_block,
+             "filter_memory": filter_memory}
+    assume(_direct_tiles_valid(spec, tiles))
+    _assert_matches("direct", spec, tiles, seed)
+
+
+def _direct_tiles_valid(spec, tiles) -> bool:
+    from codegen.api import plan
+    from codegen.spec import SpecError
+
+    try:
+        plan("direct", spec, tiles)
+    except SpecError:
+        return False
+    return True
+
+
 def test_single_channel_filter_all_variants():
-    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(300, 257), filter_size=(9, 9), padding=4)
-    for variant in DIRECT_VARIANTS:
-        _assert_matches("direct", spec, {"variant": variant})
+    """W = 257 takes the 4-byte copies, W = 260 the 16-byte copies and float4 stores."""
+    for width in (257, 260):
+        spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(300, width), filter_size=(9, 9), padding=4)
+        for variant in DIRECT_VARIANTS:
+            _assert_matches("direct", spec, {"variant": variant})
 
 
 GEMM_FAMILIES = ("implicit_gemm", "im2win")

@@ -94,6 +94,18 @@ def test_index_type_is_proved_from_the_largest_index():
     assert alg.index_type() == "long long"
 
 
+def test_direct_kernels_prove_their_index_type_without_the_column_matrix():
+    """The 9x9 filter on 8192^2: its column matrix has 81 x 2^26 > 2^31 elements, which im2col
+    addresses and the direct kernels never form, so they keep 32-bit arithmetic."""
+    from codegen.api import plan
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8192, 8192), filter_size=(9, 9), padding=4)
+    assert plan("im2col", spec).context["idx_t"] == "long long"
+    for variant in ("basic", "tiled_halo", "tiled_register"):
+        context = plan("direct", spec, {"variant": variant}).context
+        assert context["idx_t"] == "int" and context["largest_index"] < 2**31
+
+
 def test_index_type_counts_the_padded_thread_grid():
     """A buffer just under 2^31 elements still needs 64 bits when the rounded-up grid passes 2^31."""
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 2**31 - 1), filter_size=(1, 1))
@@ -160,3 +172,42 @@ def test_im2win_transform_maps_match_slicing(spec, seed):
     expected = window_tensor_reference(spec, x)
     assert expected.shape == index.window_tensor_shape(alg)
     assert np.array_equal(window_tensor_by_maps(alg, x), expected)
+
+
+REGISTER_TILES = st.fixed_dictionaries({
+    "variant": st.just("tiled_register"), "per_thread": st.sampled_from((1, 2, 4, 8)),
+    "rows_per_thread": st.integers(1, 4), "threads_across": st.integers(1, 3), "threads_down": st.integers(1, 3)})
+
+
+@given(spec=specs(max_size=12, max_channels=3, max_k=2), drawn=REGISTER_TILES, seed=st.integers(0, 2**16))
+def test_register_tile_algebra(spec, drawn, seed):
+    """tiled_register's copy origins, alignment, windows and (output row, filter row) pairs, run
+    thread by thread on the CPU, against the slicing reference."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import register_tiles_by_terms
+
+    tiles = {"variant": "tiled_register", "per_thread": drawn["per_thread"], "rows_per_thread": drawn["rows_per_thread"],
+             "tile_w": drawn["per_thread"] * drawn["threads_across"],
+             "tile_h": drawn["rows_per_thread"] * drawn["threads_down"]}
+    family = get_family("direct")
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(register_tiles_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+
+
+def test_register_tiles_copy_16_bytes_from_an_aligned_column():
+    """W = 16, padding 1: the tile's copies start 3 columns before the halo, at a multiple of 4."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8, 16), filter_size=3, padding=1)
+    context = index_plan(spec, {"variant": "tiled_register", "per_thread": 4, "tile_w": 8, "rows_per_thread": 2,
+                                "tile_h": 4})
+    cols = context["axes"][1]
+    assert context["vector_load"] and context["vector_window"] and context["vector_store"]
+    assert (cols["lead"], cols["aligned_origin"]) == (3, "8*tile1 - 4")
+    assert context["row_units"] == 4 and context["row_pitch"] == 16      # columns 8*tile1 - 4 .. 8*tile1 + 11
+    assert context["axes"][0]["window_taps"][2] == [(0, 2), (1, 1)]
+
+
+def index_plan(spec, tiles):
+    from codegen.api import plan
+
+    return plan("direct", spec, tiles).context

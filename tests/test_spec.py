@@ -111,6 +111,25 @@ def test_direct_refusals_before_compiling():
         plan("direct", make(), {"variant": "winograd"})
 
 
+def test_register_tile_refusals_name_the_field():
+    register = {"variant": "tiled_register"}
+    big = make(c=64, k=64, filter_size=(3, 3))
+    with pytest.raises(SpecError, match="tiles.filter_memory='constant'.*147456 bytes.*constant bank"):
+        plan("direct", big, {**register, "filter_memory": "constant"})
+    with pytest.raises(SpecError, match="tiles.filter_memory='constant'.*tiled_register only"):
+        plan("direct", make(), {"variant": "basic", "filter_memory": "constant"})
+    with pytest.raises(SpecError, match="tiles.tile_h=6.*multiple of tiles.rows_per_thread \\(4\\)"):
+        plan("direct", make(), {**register, "tile_h": 6, "rows_per_thread": 4})
+    with pytest.raises(SpecError, match="tiles.tile_w=6.*multiple of tiles.per_thread \\(4\\)"):
+        plan("direct", make(), {**register, "tile_w": 6, "per_thread": 4})
+    with pytest.raises(SpecError, match="tiles.stages=4.*\\[1, 3\\]"):
+        plan("direct", make(), {**register, "stages": 4})
+    wide = make(input_size=(512, 512), filter_size=(17, 17), padding=8)   # 3 stages of 80 x 272 floats
+    with pytest.raises(SpecError, match="tiles.tile_h/tile_w/stages.*261120 bytes of shared memory; at most 232448"):
+        plan("direct", wide, {**register, "tile_h": 64, "rows_per_thread": 2, "tile_w": 256, "per_thread": 8,
+                              "stages": 3})
+
+
 def test_vectorised_im2col_needs_a_pitch_multiple_of_four():
     with pytest.raises(SpecError, match="multiple of 4.*pitch 3"):
         plan("im2col", make(), {"vectorized": True})

@@ -12,15 +12,26 @@ spec's layout with K channels.  Four variants, chosen by the ``variant`` tile:
   every thread loads one input into shared memory, the edge threads then stay idle.
 - ``tiled_cache``: blocks sized to the *output* tile; only the tile's own inputs go to shared
   memory, halo cells are read from global memory and left to L1/L2.
-- ``tiled_register`` (beyond the seed): the block loads the input tile cooperatively, then each
-  thread computes ``per_thread`` consecutive outputs of a row from a register window (float4 reads
-  of shared memory when the W stride is 1), so each input read from shared memory feeds up to
-  ``per_thread`` FMAs instead of one; the filter is read with block-uniform addresses (broadcast).
+- ``tiled_register`` (beyond the seed): the block copies its input tile to shared memory with
+  ``cp.async`` (16-byte copies from an aligned column when W is contiguous and the tile allows),
+  then each thread computes a ``rows_per_thread`` x ``per_thread`` block of outputs.  A block
+  walks ``tiles_per_block`` output tiles down H and, for each, the input channels (and depth
+  taps): one slice per step, with ``stages`` slices in flight, so copies overlap the FMAs as in a
+  GEMM main loop.  It walks its
+  input rows once, reading each row's window into registers (float4 reads of shared memory when
+  the W stride is 1) and feeding every (output row, filter row) pair that uses it, so one
+  shared-memory word feeds up to rows_per_thread * per_thread FMAs.  The filter is read with
+  block-uniform addresses from global memory or, with ``filter_memory=constant``, from a
+  ``__constant__`` copy (the FMAs then take their weight straight from the constant bank).
+  This is the stencil-code layout (thread coarsening in both axes, a streamed shared tile) that a
+  memory-bound single-channel filter needs to approach copy bandwidth.
 
 Tile sizes, filter size, stride, padding and dilation are compile-time constants of the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -32,7 +43,7 @@ from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convoluti
                                    kernel_name)
 from codegen.families.im2col import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import TileParam, Tiles, check_block, check_shared
+from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
 
 CONSTANT_BANK_BYTES = 64 * 1024
 VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
@@ -45,6 +56,10 @@ class DirectTiles(Tiles):
     tile_h: int = 16
     tile_w: int = 16
     per_thread: int = 8
+    rows_per_thread: int = 1
+    filter_memory: str = "global"
+    stages: int = 1
+    tiles_per_block: int = 1
 
     PARAMS: ClassVar = (
         TileParam("variant", "which direct kernel", choices=VARIANTS),
@@ -53,6 +68,14 @@ class DirectTiles(Tiles):
         TileParam("tile_w", "output tile columns (tiled variants; the W axis)", minimum=1, maximum=256),
         TileParam("per_thread", "tiled_register: consecutive outputs per thread along W (tile_w must be a "
                   "multiple)", choices=(1, 2, 4, 8)),
+        TileParam("rows_per_thread", "tiled_register: consecutive outputs per thread along H (tile_h must be a "
+                  "multiple)", minimum=1, maximum=16),
+        TileParam("filter_memory", "tiled_register: where the filter is read from (constant: a __constant__ "
+                  "copy, at most 64 KB)", choices=("global", "constant")),
+        TileParam("stages", "tiled_register: shared-memory input tiles in flight (2-3: the next slice is copied "
+                  "while the current one is computed)", minimum=1, maximum=3),
+        TileParam("tiles_per_block", "tiled_register: consecutive output tiles along H that one block computes "
+                  "(so its pipeline runs across tiles, not only across channels)", minimum=1, maximum=64),
     )
 
 
@@ -96,25 +119,100 @@ class Direct(Family):
         return DirectTiles(variant=variant, tile_h=sizes[0], tile_w=sizes[1])
 
     def register_tiles(self, spec: ConvSpec) -> DirectTiles:
-        """tiled_register geometry: up to 8 outputs per thread along W, at most 32 threads across
-        and 256 per block, and an output tile no larger than the output."""
-        out_h, out_w = index.IndexAlgebra(spec).out_size[-2:]
-        per = 8 if out_w >= 64 else 4 if out_w >= 16 else 1
+        """tiled_register geometry, the layout of hand-written stencil kernels, from timing the
+        8192^2 filters and the benchmark layers on an H100 (docs/perf.md): 8 x 4 outputs per
+        thread (4 along W for float4 copies and stores, 8 along H so each input row read from
+        shared memory feeds up to 8 filter rows), 32 threads across and 8 down: a 64 x 128 output
+        tile.  Filters of more than 49 taps per plane, and outputs under 64 rows, take 4 rows per
+        thread (a 32 x 128 tile): the 9x9 filter ran 7 % faster so, the 3x3-7x7 ones 1-4 % slower.  Along an axis with stride s neighbouring outputs share fewer inputs and each output
+        widens the input tile by s, so a thread takes 4/s outputs there (1 from stride 4 on).  The
+        tile shrinks to the output, then loses rows of threads and then columns until its input
+        tile fits in 48 KB (conv1, 11x11 stride 4, blocked 4 x 4, was left 14 threads and ran
+        15x slower than one output per thread).  One stage and one tile per block: many small resident blocks hid the copies
+        better than a deeper pipeline in fewer blocks on the filters, and mixed results on the
+        layers (-9 % to +7 %), so the pipeline is left to the tuner.  The filter stays in global
+        memory (a small filter's weights end up in registers) unless a channel's plane has more
+        than 49 taps and the filter fits the constant bank, where uniform constant loads beat
+        per-thread ones (9x9: 0.66 against 0.60 of copy)."""
+        alg = index.IndexAlgebra(spec)
+        out_h, out_w = alg.out_size[-2:]
+        plane_taps = spec.filter_size[-2] * spec.filter_size[-1]
+        tall = out_h >= 64 and plane_taps <= 49
+        per = (4 if out_w >= 16 else 1) // min(4, spec.stride[-1]) or 1
+        rows = (8 if tall else 4 if out_h >= 16 else 1) // min(4, spec.stride[-2]) or 1
         across = min(32, -(-out_w // per))
-        rows = max(1, min(8, out_h, 256 // across))
-        return DirectTiles(variant="tiled_register", tile_h=rows, tile_w=per * across, per_thread=per)
+        down = max(1, min(256 // across, -(-out_h // rows), 64 // rows))
+        fits = math.prod(alg.filter_shape) * 4 <= CONSTANT_BANK_BYTES
+        memory = "constant" if fits and plane_taps > 49 else "global"
+        while True:
+            tiles = DirectTiles(variant="tiled_register", tile_h=rows * down, tile_w=per * across, per_thread=per,
+                                rows_per_thread=rows, filter_memory=memory, stages=1, tiles_per_block=1)
+            if self._register_geometry(spec, tiles)["stage_bytes"] <= STATIC_SHARED_LIMIT:
+                return tiles
+            if down > 1:
+                down //= 2
+            elif across > 1:
+                across //= 2
+            elif rows > 1:
+                rows //= 2
+            else:
+                return tiles
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
-        and wide tiles, and the register-blocked one at 2-8 outputs per thread."""
+        and wide tiles, and the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3 stages, 1-4 tiles per
+        block and both filter memories."""
         space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
         for variant in ("tiled_halo", "tiled_cache"):
             space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
-        for per in (2, 4, 8):
-            for rows in (4, 8, 16):
-                space.append(DirectTiles(variant="tiled_register", tile_h=rows, tile_w=32 * per // 2,
-                                         per_thread=per).to_dict())
+        heuristic = self.register_tiles(spec)
+        fits = math.prod(index.IndexAlgebra(spec).filter_shape) * 4 <= CONSTANT_BANK_BYTES
+        memories = ("global", "constant") if fits else ("global",)
+        for per, rows, down, stages, group, memory in itertools.product((4, 8), (4, 8), (4, 8), (1, 2, 3), (1, 2, 4),
+                                                                        memories):
+            space.append(dataclasses.replace(heuristic, tile_h=rows * down, tile_w=32 * per, per_thread=per,
+                                             rows_per_thread=rows, stages=stages, tiles_per_block=group,
+                                             filter_memory=memory).to_dict())
         return space
+
+    def _register_geometry(self, spec: ConvSpec, tiles: DirectTiles) -> dict:
+        """Where tiled_register's shared tile, windows and vector accesses fall.
+
+        16-byte global copies need W contiguous (channels-first), W a multiple of 4 and tile_w*s a
+        multiple of 4, so that every tile's aligned first column is a multiple of 4 and each
+        4-column group is either wholly inside the image or wholly outside it.  float4 reads of
+        the window need the W stride 1 and per_thread a multiple of 4; float4 stores need OW a
+        multiple of 4 as well."""
+        alg = index.IndexAlgebra(spec)
+        per, rows = tiles.per_thread, tiles.rows_per_thread
+        for field, size, step, name in (("tiles.tile_w", tiles.tile_w, per, "per_thread"),
+                                        ("tiles.tile_h", tiles.tile_h, rows, "rows_per_thread")):
+            if size % step:
+                raise SpecError(field, size, f"must be a multiple of tiles.{name} ({step})")
+        stride_w = spec.stride[-1]
+        contiguous_w = not spec.layout.channels_last
+        vector_load = contiguous_w and spec.input_size[-1] % 4 == 0 and tiles.tile_w * stride_w % 4 == 0
+        terms = index.tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1)
+        rows_axis, cols_axis = terms["axes"]
+        lead = cols_axis["lead"]
+        width = lead + cols_axis["halo_extent"]
+        pitch = -(-width // 4) * 4
+        vector_window = stride_w == 1 and per % 4 == 0
+        window_floats = (lead if vector_window else 0) + cols_axis["window_extent"]
+        return {
+            "terms": terms,
+            "vector_load": vector_load,
+            "row_units": -(-width // 4) if vector_load else cols_axis["halo_extent"],
+            "row_pitch": pitch,
+            "vector_window": vector_window,
+            "window_offset": lead if vector_window else 0,
+            "window_start_shift": 0 if vector_window else lead,
+            "window_loads": -(-window_floats // 4),
+            "vector_store": contiguous_w and vector_window and alg.out_size[-1] % 4 == 0,
+            "stage_floats": rows_axis["halo_extent"] * pitch,
+            "stage_bytes": rows_axis["halo_extent"] * pitch * 4,
+            "slices": spec.c * (spec.filter_size[0] if spec.dims == 3 else 1),
+        }
 
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> DirectTiles:
         """Unset tiles come from the heuristic of the requested variant."""
@@ -127,18 +225,24 @@ class Direct(Family):
         filter_bytes = math.prod(alg.filter_shape) * 4
         context: dict = {}
         constants: tuple[tuple[str, str], ...] = ()
-        if variant == "constant" and filter_bytes > CONSTANT_BANK_BYTES:
-            raise SpecError("tiles.variant", "constant",
+        if tiles.filter_memory == "constant" and variant != "tiled_register":
+            raise SpecError("tiles.filter_memory", "constant",
+                            "applies to variant tiled_register only; variant constant always reads a __constant__ filter")
+        constant_filter = variant == "constant" or tiles.filter_memory == "constant"
+        dynamic_shared = 0
+        if constant_filter and filter_bytes > CONSTANT_BANK_BYTES:
+            field, value = ("tiles.variant", "constant") if variant == "constant" else ("tiles.filter_memory", "constant")
+            raise SpecError(field, value,
                             f"the filter takes {filter_bytes} bytes (K*C*taps*4) but the constant bank holds "
                             f"{CONSTANT_BANK_BYTES}; use another variant or fewer channels")
         name = kernel_name(self.name, variant, spec, tiles)
+        if constant_filter:
+            context["filter_symbol"] = f"{name}_filter"
+            constants = ((context["filter_symbol"], "w"),)
         if variant in ("basic", "constant"):
             total = spec.n * spec.k * math.prod(alg.out_size)
             block = (tiles.threads, 1, 1)
             grid = (grid_for(total, tiles.threads), 1, 1)
-            if variant == "constant":
-                context["filter_symbol"] = f"{name}_filter"
-                constants = ((context["filter_symbol"], "w"),)
         else:
             tile = (tiles.tile_h, tiles.tile_w)
             terms = index.tile_terms(alg, tile)
@@ -146,36 +250,39 @@ class Direct(Family):
                 block = (terms["axes"][1]["halo_extent"], terms["axes"][0]["halo_extent"], 1)
                 shared = block[0] * block[1] * 4
             elif variant == "tiled_register":
-                per = tiles.per_thread
-                if tiles.tile_w % per:
-                    raise SpecError("tiles.tile_w", tiles.tile_w, f"must be a multiple of tiles.per_thread ({per})")
-                terms = index.tile_terms(alg, tile, per)
-                a, b = terms["axes"]
-                window = (per - 1) * spec.stride[b["axis"]] + (spec.filter_size[-1] - 1) * spec.dilation[-1] + 1
-                vector = spec.stride[b["axis"]] == 1 and per % 4 == 0
-                pitch = -(-(b["halo_extent"] + 3) // 4) * 4
-                block = (tiles.tile_w // per, tiles.tile_h, 1)
-                shared = a["halo_extent"] * pitch * 4
-                context.update(per_thread=per, window_size=window, vector_window=vector, row_pitch=pitch,
-                               window_loads=-(-window // 4))
+                geometry = self._register_geometry(spec, tiles)
+                terms = geometry.pop("terms")
+                block = (tiles.tile_w // tiles.per_thread, tiles.tile_h // tiles.rows_per_thread, 1)
+                shared = geometry["stage_bytes"] * tiles.stages
+                context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
+                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block)
             else:
                 block = (tiles.tile_w, tiles.tile_h, 1)
                 shared = tiles.tile_w * tiles.tile_h * 4
             check_block(block[0] * block[1], "tiles.tile_h/tile_w", tile)
-            check_shared(shared, "tiles.tile_h/tile_w", tile)
-            outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], *(a["tiles"] for a in terms["axes"]))
+            if variant == "tiled_register":
+                check_shared(shared, "tiles.tile_h/tile_w/stages", (tiles.tile_h, tiles.tile_w, tiles.stages), dynamic=True)
+                dynamic_shared = shared
+            else:
+                check_shared(shared, "tiles.tile_h/tile_w", tile)
+            groups = [-(-a["tiles"] // tiles.tiles_per_block) if position == 0 and variant == "tiled_register" else a["tiles"]
+                      for position, a in enumerate(terms["axes"])]
+            outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], *groups)
             blocks = math.prod(outer)
             grid = (blocks, 1, 1)
-            names = ["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)] + [f"tile{a['axis']}" for a in terms["axes"]]
+            first = "group" if variant == "tiled_register" else "tile"
+            names = (["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)]
+                     + [f"{first}{terms['axes'][0]['axis']}", f"tile{terms['axes'][1]['axis']}"])
             context.update(terms, block_names=names,
                            block_coords=[index.to_c(e) for e in index.decompose(alg.t, outer)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        launch = Launch(name, grid, block, args=("x", "y") if variant == "constant" else None)
-        context.update(index.template_context(alg, launch.threads))
-        context.update(variant=variant, kernel=name, block_threads=block[0] * block[1])
+        launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
+        context.update(index.template_context(alg, launch.threads, column_matrix=False))
+        context.update(variant=variant, kernel=name, block_threads=block[0] * block[1], constant_filter=constant_filter)
         context.update(convolution_selftest_context(alg))
-        buffers = (Buffer("x", alg.image_shape, "in"), Buffer("w", alg.filter_shape, "in"),
-                   Buffer("y", alg.output_shape, "out"))
+        buffers = (Buffer("x", alg.image_shape, "in", 16 if context.get("vector_load") else 4),
+                   Buffer("w", alg.filter_shape, "in"),
+                   Buffer("y", alg.output_shape, "out", 16 if context.get("vector_store") else 4))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
