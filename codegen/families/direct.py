@@ -1,7 +1,7 @@
 """Direct convolution (seed 002), generalised from the single-channel 2D filter to N, C, K, 2D/3D,
 every layout, stride, padding and dilation.  ``y = conv(x, w)``: x in the spec's layout (with its
 channel pitch), w K x C x (T x) R x S channels-first or K x (T x) R x S x C channels-last, y in the
-spec's layout with K channels.  Four variants, chosen by the ``variant`` tile:
+spec's layout with K channels.  Five variants, chosen by the ``variant`` tile:
 
 - ``basic``: one thread per output element, input and filter from global memory, ghost cells by
   bounds checks.
@@ -12,19 +12,16 @@ spec's layout with K channels.  Four variants, chosen by the ``variant`` tile:
   every thread loads one input into shared memory, the edge threads then stay idle.
 - ``tiled_cache``: blocks sized to the *output* tile; only the tile's own inputs go to shared
   memory, halo cells are read from global memory and left to L1/L2.
-- ``tiled_register`` (beyond the seed): the block copies its input tile to shared memory with
-  ``cp.async`` (16-byte copies from an aligned column when W is contiguous and the tile allows),
-  then each thread computes a ``rows_per_thread`` x ``per_thread`` block of outputs.  A block
-  walks ``tiles_per_block`` output tiles down H and, for each, the input channels (and depth
-  taps): one slice per step, with ``stages`` slices in flight, so copies overlap the FMAs as in a
-  GEMM main loop.  It walks its
-  input rows once, reading each row's window into registers (float4 reads of shared memory when
-  the W stride is 1) and feeding every (output row, filter row) pair that uses it, so one
-  shared-memory word feeds up to rows_per_thread * per_thread FMAs.  The filter is read with
-  block-uniform addresses from global memory or, with ``filter_memory=constant``, from a
-  ``__constant__`` copy (the FMAs then take their weight straight from the constant bank).
-  This is the stencil-code layout (thread coarsening in both axes, a streamed shared tile) that a
-  memory-bound single-channel filter needs to approach copy bandwidth.
+- ``tiled_register`` (beyond the seed), the layout of hand-written stencil kernels: the block
+  copies its input tile to shared memory with ``cp.async`` (16-byte copies from an aligned
+  column when W is contiguous and the tile allows); each thread then computes a
+  ``rows_per_thread`` x ``per_thread`` block of outputs, walking its input rows once: a row's
+  window goes to registers (float4 shared reads when the W stride is 1) and feeds every
+  (output row, filter row) pair that uses it, so one shared-memory word feeds up to
+  rows_per_thread * per_thread FMAs.  The filter comes from global memory with block-uniform
+  addresses or, with ``filter_memory=constant``, from a ``__constant__`` copy.  A block walks
+  ``tiles_per_block`` output tiles down H and, for each, the input channels (and depth taps),
+  one slice per step with ``stages`` slices in flight, as in a GEMM main loop.
 
 Tile sizes, filter size, stride, padding and dilation are compile-time constants of the kernel.
 """
@@ -119,21 +116,25 @@ class Direct(Family):
         return DirectTiles(variant=variant, tile_h=sizes[0], tile_w=sizes[1])
 
     def register_tiles(self, spec: ConvSpec) -> DirectTiles:
-        """tiled_register geometry, the layout of hand-written stencil kernels, from timing the
-        8192^2 filters and the benchmark layers on an H100 (docs/perf.md): 8 x 4 outputs per
-        thread (4 along W for float4 copies and stores, 8 along H so each input row read from
-        shared memory feeds up to 8 filter rows), 32 threads across and 8 down: a 64 x 128 output
-        tile.  Filters of more than 49 taps per plane, and outputs under 64 rows, take 4 rows per
-        thread (a 32 x 128 tile): the 9x9 filter ran 7 % faster so, the 3x3-7x7 ones 1-4 % slower.  Along an axis with stride s neighbouring outputs share fewer inputs and each output
-        widens the input tile by s, so a thread takes 4/s outputs there (1 from stride 4 on).  The
-        tile shrinks to the output, then loses rows of threads and then columns until its input
-        tile fits in 48 KB (conv1, 11x11 stride 4, blocked 4 x 4, was left 14 threads and ran
-        15x slower than one output per thread).  One stage and one tile per block: many small resident blocks hid the copies
-        better than a deeper pipeline in fewer blocks on the filters, and mixed results on the
-        layers (-9 % to +7 %), so the pipeline is left to the tuner.  The filter stays in global
-        memory (a small filter's weights end up in registers) unless a channel's plane has more
-        than 49 taps and the filter fits the constant bank, where uniform constant loads beat
-        per-thread ones (9x9: 0.66 against 0.60 of copy)."""
+        """tiled_register geometry, from timing the 8192^2 filters and the benchmark layers on an
+        H100 (docs/perf.md).
+
+        - 8 x 4 outputs per thread (4 along W for float4 copies and stores, 8 along H so each
+          input row read from shared memory feeds up to 8 filter rows), 32 threads across and 8
+          down: a 64 x 128 output tile.  Filters of more than 49 taps per plane, and outputs
+          under 64 rows, take 4 rows per thread (a 32 x 128 tile): the 9x9 filter ran 7 % faster
+          so, the 3x3-7x7 ones 1-4 % slower.
+        - Along an axis with stride s neighbouring outputs share fewer inputs and each output
+          widens the input tile by s, so a thread takes 4/s outputs there (1 from stride 4 on).
+        - The tile shrinks to the output, then loses rows of threads and then columns until its
+          input tile fits in 48 KB (conv1, 11x11 stride 4, blocked 4 x 4, was left 14 threads
+          and ran 15x slower than one output per thread).
+        - One stage and one tile per block: many small resident blocks hid the copies better
+          than a deeper pipeline in fewer blocks on the filters, and the pipeline's effect on the
+          layers was mixed (-9 % to +7 %), so it is left to the tuner.
+        - The filter stays in global memory (a small filter's weights end up in registers)
+          unless a channel's plane has more than 49 taps and the filter fits the constant bank,
+          where uniform constant loads beat per-thread ones (9x9: 0.66 against 0.60 of copy)."""
         alg = index.IndexAlgebra(spec)
         out_h, out_w = alg.out_size[-2:]
         plane_taps = spec.filter_size[-2] * spec.filter_size[-1]
@@ -160,8 +161,8 @@ class Direct(Family):
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
-        and wide tiles, and the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3 stages, 1-4 tiles per
-        block and both filter memories."""
+        and wide tiles, and the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3
+        stages, 1-4 tiles per block and both filter memories."""
         space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
         for variant in ("tiled_halo", "tiled_cache"):
             space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]

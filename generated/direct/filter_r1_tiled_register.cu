@@ -32,12 +32,12 @@ static __device__ __forceinline__ void convgen_copy16(float* dst, const float* s
 static __device__ __forceinline__ void convgen_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
-// Tiled with register blocking and a 1-stage pipeline.  A block computes up to 1 64x128 output tile(s)
-// down axis 0; for each, the input slices of its 1 channel(s) are one step each.  A step's
-// 66x130 input tile is copied to shared memory (16-byte cp.async from the aligned column 3 before the halo,
-// zeros for ghost cells) 0 step(s) ahead of its use.  Each thread computes 8x4 outputs, walking its
-// 10 input rows once: a row's 6-float window goes to registers (float4 reads of shared memory)
-// and feeds every (output row, filter row) pair that reads it.  Filter from global memory, block-uniform addresses.
+// Tiled with register blocking.  A block computes one 64x128 output tile down axis 0, one step per
+// input slice (1 channel per tile).  A step's 66x130 input tile is copied to shared
+// memory with 16-byte cp.async from the aligned column 3 before the halo (zeros for ghost cells),
+// then waited for (one stage).  Each thread computes 8x4 outputs, walking its 10 input rows
+// once: a row's 6-float window goes to registers (float4 reads of shared memory) and feeds every
+// (output row, filter row) pair that reads it.  Filter from global memory, block-uniform addresses.
 extern "C" __global__ void __launch_bounds__(256)
 convgen_direct_tiled_register_0677ba5202(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {

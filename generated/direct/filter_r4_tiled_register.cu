@@ -32,12 +32,12 @@ static __device__ __forceinline__ void convgen_copy16(float* dst, const float* s
 static __device__ __forceinline__ void convgen_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
-// Tiled with register blocking and a 1-stage pipeline.  A block computes up to 1 32x128 output tile(s)
-// down axis 0; for each, the input slices of its 1 channel(s) are one step each.  A step's
-// 40x136 input tile is copied to shared memory (16-byte cp.async from the aligned column 0 before the halo,
-// zeros for ghost cells) 0 step(s) ahead of its use.  Each thread computes 4x4 outputs, walking its
-// 12 input rows once: a row's 12-float window goes to registers (float4 reads of shared memory)
-// and feeds every (output row, filter row) pair that reads it.  Filter from constant memory (FMA operands straight from the bank).
+// Tiled with register blocking.  A block computes one 32x128 output tile down axis 0, one step per
+// input slice (1 channel per tile).  A step's 40x136 input tile is copied to shared
+// memory with 16-byte cp.async from the aligned column 0 before the halo (zeros for ghost cells),
+// then waited for (one stage).  Each thread computes 4x4 outputs, walking its 12 input rows
+// once: a row's 12-float window goes to registers (float4 reads of shared memory) and feeds every
+// (output row, filter row) pair that reads it.  Filter from constant memory (FMA operands from the bank).
 __constant__ float convgen_direct_tiled_register_ebc8f64da7_filter[81];
 extern "C" __global__ void __launch_bounds__(256)
 convgen_direct_tiled_register_ebc8f64da7(const float* __restrict__ x, float* __restrict__ y)
