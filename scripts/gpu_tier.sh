@@ -6,7 +6,9 @@
 #   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
 #   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
 #   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
-#   (im2col col2im direct conv); BENCH_ARGS are passed to every `convgen bench`.
+#   (im2col col2im direct conv); BENCH_ARGS are passed to every `convgen bench`; TEST_TIMEOUT is
+#   each GPU test's limit in seconds (default 420; the 3D register-switch test needs about 450 at
+#   300 examples: NVRTC compiles every example).
 set -u
 mode=${1:-full}
 out=${OUT:-gpu-out}
@@ -29,13 +31,15 @@ step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and
 gpu_tests() {  # each GPU test in its own process, 6 at a time: NVRTC compiles per example dominate
     python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu.py \
         | grep '::' >"$logs/gpu-ids.txt"
-    xargs -P 6 -I{} sh -c 'timeout 420 python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
+    xargs -P 6 -I{} sh -c 'timeout '"${TEST_TIMEOUT:-420}"' python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
         >"$2/gpu-$(echo "$1" | tr -c "A-Za-z0-9_\n" "_").log" 2>&1' _ {} "$logs" <"$logs/gpu-ids.txt"
-    local passed failed
+    local passed failed timed_out
     passed=$(cat "$logs"/gpu-tests_*.log | grep -o -E '^[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
     failed=$(grep -L -E "^[0-9]+ passed" "$logs"/gpu-tests_*.log | wc -l)
+    timed_out=$(find "$logs" -name 'gpu-tests_*.log' -empty | wc -l)  # killed by timeout before pytest reported
     grep -h -E '^tests/|passing,' "$logs"/gpu-tests_*.log
-    echo "$passed passed, $failed failed (tests), $examples examples per property test"
+    echo "$passed passed, $failed failed (tests; $timed_out of them timed out after ${TEST_TIMEOUT:-420} s)," \
+        "$examples examples per property test"
     [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$logs/device.txt" 2>&1
