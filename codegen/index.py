@@ -492,6 +492,8 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[i
         halo_origin = algebra.in_coord[j].subs({algebra.o[j]: first_output, algebra.k[j]: 0})
         local_input = sympy.expand(algebra.in_coord[j].subs(algebra.o[j], first_output + local) - halo_origin)
         extent = (per - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1
+        read = {(v, k): int(local_input.subs({local: v, algebra.k[j]: k}))
+                for v in range(per) for k in range(spec.filter_size[j])}
         lead = int(halo_origin.subs(tile_index, 0)) % align if position == 1 else 0
         axes.append({
             "axis": j,
@@ -507,8 +509,7 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[i
             "window_start": to_c(sympy.expand(local_input.subs({local: local * per, algebra.k[j]: 0}))),
             "window_index": to_c(local_input.subs(local, _sym("uv"[position]))),
             "window_extent": extent,
-            "window_taps": [[(v, k) for v in range(per) for k in range(spec.filter_size[j])
-                             if local_input.subs({local: v, algebra.k[j]: k}) == e] for e in range(extent)],
+            "window_taps": [[pair for pair, element in read.items() if element == e] for e in range(extent)],
         })
     plane = _sym("plane")
     inner = spec.filter_size[-2:]

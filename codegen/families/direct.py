@@ -91,6 +91,11 @@ def convolution_reference(spec: ConvSpec, x: np.ndarray, w: np.ndarray) -> np.nd
     return np.moveaxis(out, 0, 1)
 
 
+def _filter_bytes(alg: index.IndexAlgebra) -> int:
+    """What a ``__constant__`` copy of the filter takes (the bank holds CONSTANT_BANK_BYTES)."""
+    return math.prod(alg.filter_shape) * 4
+
+
 def _fit_tile(out: int, tile: int) -> int:
     """No larger than the output itself, so tiny outputs do not launch idle threads."""
     return max(1, min(tile, out))
@@ -143,7 +148,7 @@ class Direct(Family):
         rows = (8 if tall else 4 if out_h >= 16 else 1) // min(4, spec.stride[-2]) or 1
         across = min(32, -(-out_w // per))
         down = max(1, min(256 // across, -(-out_h // rows), 64 // rows))
-        fits = math.prod(alg.filter_shape) * 4 <= CONSTANT_BANK_BYTES
+        fits = _filter_bytes(alg) <= CONSTANT_BANK_BYTES
         memory = "constant" if fits and plane_taps > 49 else "global"
         while True:
             tiles = DirectTiles(variant="tiled_register", tile_h=rows * down, tile_w=per * across, per_thread=per,
@@ -167,7 +172,7 @@ class Direct(Family):
         for variant in ("tiled_halo", "tiled_cache"):
             space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
         heuristic = self.register_tiles(spec)
-        fits = math.prod(index.IndexAlgebra(spec).filter_shape) * 4 <= CONSTANT_BANK_BYTES
+        fits = _filter_bytes(index.IndexAlgebra(spec)) <= CONSTANT_BANK_BYTES
         memories = ("global", "constant") if fits else ("global",)
         for per, rows, down, stages, group, memory in itertools.product((4, 8), (4, 8), (4, 8), (1, 2, 3), (1, 2, 4),
                                                                         memories):
@@ -223,7 +228,7 @@ class Direct(Family):
     def plan(self, spec: ConvSpec, tiles: DirectTiles) -> KernelPlan:
         alg = self.algebra(spec)
         variant = tiles.variant
-        filter_bytes = math.prod(alg.filter_shape) * 4
+        filter_bytes = _filter_bytes(alg)
         context: dict = {}
         constants: tuple[tuple[str, str], ...] = ()
         if tiles.filter_memory == "constant" and variant != "tiled_register":
@@ -246,34 +251,30 @@ class Direct(Family):
             grid = (grid_for(total, tiles.threads), 1, 1)
         else:
             tile = (tiles.tile_h, tiles.tile_w)
-            terms = index.tile_terms(alg, tile)
-            if variant == "tiled_halo":
-                block = (terms["axes"][1]["halo_extent"], terms["axes"][0]["halo_extent"], 1)
-                shared = block[0] * block[1] * 4
-            elif variant == "tiled_register":
+            if variant == "tiled_register":
                 geometry = self._register_geometry(spec, tiles)
                 terms = geometry.pop("terms")
                 block = (tiles.tile_w // tiles.per_thread, tiles.tile_h // tiles.rows_per_thread, 1)
-                shared = geometry["stage_bytes"] * tiles.stages
+                dynamic_shared = geometry["stage_bytes"] * tiles.stages
+                shared_check = (dynamic_shared, "tiles.tile_h/tile_w/stages", (*tile, tiles.stages), True)
                 context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
                                stages=tiles.stages, tiles_per_block=tiles.tiles_per_block)
+                first, per_block = "group", tiles.tiles_per_block
             else:
-                block = (tiles.tile_w, tiles.tile_h, 1)
-                shared = tiles.tile_w * tiles.tile_h * 4
+                terms = index.tile_terms(alg, tile)
+                if variant == "tiled_halo":
+                    block = (terms["axes"][1]["halo_extent"], terms["axes"][0]["halo_extent"], 1)
+                else:
+                    block = (tiles.tile_w, tiles.tile_h, 1)
+                shared_check = (block[0] * block[1] * 4, "tiles.tile_h/tile_w", tile, False)
+                first, per_block = "tile", 1
             check_block(block[0] * block[1], "tiles.tile_h/tile_w", tile)
-            if variant == "tiled_register":
-                check_shared(shared, "tiles.tile_h/tile_w/stages", (tiles.tile_h, tiles.tile_w, tiles.stages), dynamic=True)
-                dynamic_shared = shared
-            else:
-                check_shared(shared, "tiles.tile_h/tile_w", tile)
-            groups = [-(-a["tiles"] // tiles.tiles_per_block) if position == 0 and variant == "tiled_register" else a["tiles"]
-                      for position, a in enumerate(terms["axes"])]
-            outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], *groups)
-            blocks = math.prod(outer)
-            grid = (blocks, 1, 1)
-            first = "group" if variant == "tiled_register" else "tile"
+            check_shared(*shared_check)
+            rows_axis, cols_axis = terms["axes"]
+            outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], -(-rows_axis["tiles"] // per_block), cols_axis["tiles"])
+            grid = (math.prod(outer), 1, 1)
             names = (["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)]
-                     + [f"{first}{terms['axes'][0]['axis']}", f"tile{terms['axes'][1]['axis']}"])
+                     + [f"{first}{rows_axis['axis']}", f"tile{cols_axis['axis']}"])
             context.update(terms, block_names=names,
                            block_coords=[index.to_c(e) for e in index.decompose(alg.t, outer)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
