@@ -46,7 +46,7 @@ def _tuned_or_default(fam, spec: ConvSpec) -> Tiles:
     try:
         tuned = tuned_tiles(fam.name, spec)
         if tuned is not None:
-            return fam.tiles_type.from_dict(tuned)
+            return fam.complete_tiles(spec, tuned)
     except (SpecError, TypeError, ValueError):
         pass
     return fam.default_tiles(spec)

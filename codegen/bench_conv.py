@@ -27,11 +27,12 @@ FP32_PEAK_TFLOPS = 67.0
 """H100 SXM fp32 FMA datasheet peak; the target is 75% of it (50 TFLOP/s)."""
 
 
-def _extra_bytes(kernel) -> int:
-    """Workspaces plus the precomputed row table baked into the module."""
-    table = kernel.plan.context.get("table") or []
-    width = kernel.plan.context.get("table_width", 1)
-    return kernel.plan.workspace_bytes + len(table) * (4 if width == 1 else 16)
+def extra_bytes(plan) -> int:
+    """Device memory a plan needs beyond inputs and output: workspaces plus the precomputed row
+    table baked into the module."""
+    table = plan.context.get("table") or []
+    width = plan.context.get("table_width", 1)
+    return plan.workspace_bytes + len(table) * (4 if width == 1 else 16)
 
 
 def _cudnn_extra_bytes(run, output_bytes: int) -> int:
@@ -96,7 +97,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         seconds = median_seconds(lambda: kernel.launch([x, w], y), family_repeats, warmup=1)
         return {**row, "tiles": kernel.plan.tiles.describe(), "ms": seconds * 1e3,
                 "tflops": flops / seconds / 1e12, "speedup_vs_cudnn": cudnn_seconds / seconds,
-                "extra_bytes": _extra_bytes(kernel), "relative_error_vs_cudnn": error}
+                "extra_bytes": extra_bytes(kernel.plan), "relative_error_vs_cudnn": error}
 
     rows = []
     for family in families:

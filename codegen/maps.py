@@ -9,6 +9,7 @@ import numpy as np
 
 from codegen import index
 from codegen.index import IndexAlgebra, decompose
+from codegen.spec import replace as spec_replace
 
 
 def _eval(expr, **values) -> np.ndarray:
@@ -142,6 +143,46 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     return y.reshape(alg.output_shape)
 
 
+def im2win_chunks_by_maps(plan, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A chunked im2win plan run on the CPU step by step: each transform takes the slice of x its
+    offset selects, each GEMM (one chunk's maps) writes the slice of y its offset selects; NaN
+    where no chunk writes, so wrong strides show as holes or overlaps."""
+    part = IndexAlgebra(spec_replace(plan.spec, n=plan.spec.n // plan.chunks))
+    image, output = int(np.prod(part.image_shape)), int(np.prod(part.output_shape))
+    x_flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    y = np.full(plan.output.elements, np.nan)
+    chunk_x = None
+    for step in plan.schedule:
+        at = dict(zip(step.args, step.offsets or (0,) * len(step.args)))
+        if "x" in at:
+            chunk_x = x_flat[at["x"]:at["x"] + image].reshape(part.image_shape)
+        else:
+            y[at["y"]:at["y"] + output] = gemm_by_maps(part, chunk_x, w, "window").reshape(-1)
+    return y.reshape(plan.output.shape)
+
+
+def stage_copies(split: dict, units: int, rows: int, unit_floats: int, threads: int):
+    """The (row, column) cells of a tiled_register stage that a block's threads copy, thread by
+    thread as the kernel's fetch does (``direct.copy_split``); a bounds guard the kernel leaves
+    out must never be needed."""
+    for tid in range(threads):
+        first_unit, first_row = tid % split["lanes"], tid // split["lanes"]
+        if split["idle_threads"] and first_row >= split["rows_per_round"]:
+            continue
+        for across in range(split["unit_rounds"]):
+            unit = first_unit + across * split["lanes"]
+            if unit >= units:
+                assert split["unit_tail"], f"thread {tid} copies unit {unit} of a {units}-unit row unguarded"
+                break
+            for down in range(split["row_rounds"]):
+                row = first_row + down * split["rows_per_round"]
+                if row >= rows:
+                    assert split["row_tail"], f"thread {tid} copies row {row} of {rows} unguarded"
+                    break
+                for col in range(unit * unit_floats, (unit + 1) * unit_floats):
+                    yield row, col
+
+
 def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The tiled_register kernel's tile algebra run on the CPU, thread by thread: the shared tile
     is filled from the copy origin the kernel prints (NaN where the kernel copies nothing, zeros
@@ -156,7 +197,6 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
     context = family.plan(spec, tiles).context
     rows_axis, cols_axis = context["axes"]
     a, b = rows_axis["axis"], cols_axis["axis"]
-    width = context["row_units"] * (4 if context["vector_load"] else 1)
     window_floats = context["window_loads"] * 4 if context["vector_window"] else cols_axis["window_extent"]
     threads = (tiles.tile_h // tiles.rows_per_thread, tiles.tile_w // tiles.per_thread)
     x = np.asarray(x, dtype=np.float64)
@@ -168,6 +208,9 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
     def one(value: str, **values) -> int:
         return int(_eval(value, **{k: np.int64(v) for k, v in values.items()}))
 
+    copied = list(stage_copies(context["copy"], context["row_units"], rows_axis["halo_extent"],
+                               4 if context["vector_load"] else 1, threads[0] * threads[1]))
+
     def plane(xp: np.ndarray, wp: np.ndarray) -> np.ndarray:
         """One 2D convolution (N, C, H, W) * (K, C, R, S) the way the kernel's blocks compute it."""
         out = np.full((spec.n, spec.k, alg.out_size[a], alg.out_size[b]), np.nan)
@@ -178,11 +221,10 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
                 if context["vector_load"] and (origin_b % 4 or size_b % 4):
                     raise AssertionError(f"16-byte copies from column {origin_b} of a row of {size_b}: misaligned")
                 shared = np.full((spec.n, spec.c, rows_axis["halo_extent"], context["row_pitch"]), np.nan)
-                for row in range(rows_axis["halo_extent"]):
-                    for col in range(width):
-                        ia, ib = origin_a + row, origin_b + col
-                        inside = 0 <= ia < size_a and 0 <= ib < size_b
-                        shared[:, :, row, col] = xp[:, :, ia, ib] if inside else 0.0
+                for row, col in copied:
+                    ia, ib = origin_a + row, origin_b + col
+                    inside = 0 <= ia < size_a and 0 <= ib < size_b
+                    shared[:, :, row, col] = xp[:, :, ia, ib] if inside else 0.0
                 for la in range(threads[0]):
                     for lb in range(threads[1]):
                         first_row = one(rows_axis["window_start"], **{f"l{a}": la})

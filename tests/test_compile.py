@@ -92,6 +92,24 @@ def test_benchmark_layer_kernels_spill_nothing(entry, cache_dir):
         assert resources.registers <= 255
 
 
+def test_benchmark_layers_need_less_extra_memory_than_im2col_gemm():
+    """Issue 4's memory target, exact from the heuristic plans: im2win (its window tensor, one batch
+    chunk at a time) and implicit GEMM (its row table) need less than im2col + GEMM's column
+    matrix on every benchmark layer and layout."""
+    from codegen.bench_conv import extra_bytes
+    from codegen.families import get_family
+
+    def needs(family, spec):
+        fam = get_family(family)
+        return extra_bytes(fam.plan(spec, fam.default_tiles(spec)))
+
+    layers = {(e.name, e.spec) for e in GEMM_LAYERS}
+    assert len(layers) == 16 * 2
+    for name, spec in layers:
+        column = needs("im2col_gemm", spec)
+        assert needs("im2win", spec) < column and needs("implicit_gemm", spec) < column, name
+
+
 SOURCE = render_kernels(plan("im2col", SPECS["2d-nchw"])).code
 
 

@@ -63,3 +63,15 @@ def test_3d_and_pitched_emission_builds(tmp_path, family, tiles):
     path = emit(family, spec, tmp_path / "k3d.cu", tiles)
     _, rc, err = _nvcc(path, tmp_path)
     assert rc == 0 and not err.strip(), err
+
+
+@needs_nvcc
+def test_chunked_im2win_emits_a_launch_loop_that_builds(tmp_path):
+    spec = ConvSpec(dims=2, layout="NCHW", n=6, c=3, k=5, input_size=(11, 9), filter_size=3, stride=2, padding=1)
+    path = emit("im2win", spec, tmp_path / "chunked.cu", {"batch_chunk": 2})
+    text = path.read_text()
+    assert "for (unsigned long long chunk = 0; chunk < 3ULL; ++chunk)" in text
+    assert "x + chunk * 594ULL" in text and "y + chunk * 300ULL" in text
+    assert "run 3 times, once per batch chunk of 2 images" in text
+    _, rc, err = _nvcc(path, tmp_path)
+    assert rc == 0 and not err.strip(), err

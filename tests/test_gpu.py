@@ -313,12 +313,13 @@ def test_im2win_ablations(spec, seed, removed):
 
 
 @GPU
-@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), chunk=st.integers(1, 3))
-def test_im2col_gemm_chunks(spec, seed, chunk):
+@given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), chunk=st.integers(1, 3),
+       family=st.sampled_from(("im2col_gemm", "im2win")))
+def test_batch_chunks(spec, seed, chunk, family):
     from hypothesis import assume
 
     assume(spec.n % chunk == 0)
-    _assert_conv_matches("im2col_gemm", spec, {"batch_chunk": chunk}, seed)
+    _assert_conv_matches(family, spec, {"batch_chunk": chunk}, seed)
 
 
 @GPU

@@ -174,6 +174,26 @@ def test_im2win_transform_maps_match_slicing(spec, seed):
     assert np.array_equal(window_tensor_by_maps(alg, x), expected)
 
 
+@given(spec=specs(max_size=10, max_filter=5, max_channels=3, max_k=3), chunk=st.integers(1, 2),
+       chunks=st.integers(2, 3), seed=st.integers(0, 2**16))
+def test_im2win_chunks_cover_the_batch(spec, chunk, chunks, seed):
+    """A chunked im2win plan, run step by step through its schedule's offsets on the CPU, writes
+    every output once and right; its workspace holds one chunk's im2win tensor."""
+    from codegen.api import plan as make_plan
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import im2win_chunks_by_maps
+    from codegen.spec import replace
+
+    spec = replace(spec, n=chunk * chunks)
+    plan = make_plan("im2win", spec, {"batch_chunk": chunk})
+    assert plan.chunks == chunks and len(plan.schedule) == 2 * chunks
+    assert plan.workspaces[0].shape == index.window_tensor_shape(IndexAlgebra(replace(spec, n=chunk)))
+    family = get_family("im2win")
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(im2win_chunks_by_maps(plan, x, w), family.reference(spec, x, w)) is None
+
+
 REGISTER_TILES = st.fixed_dictionaries({
     "variant": st.just("tiled_register"), "per_thread": st.sampled_from((1, 2, 4, 8)),
     "rows_per_thread": st.integers(1, 4), "threads_across": st.integers(1, 3), "threads_down": st.integers(1, 3)})
@@ -193,6 +213,18 @@ def test_register_tile_algebra(spec, drawn, seed):
     family = get_family("direct")
     x, w = family.make_inputs(spec, np.random.default_rng(seed))
     assert compare(register_tiles_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+
+
+@pytest.mark.parametrize("threads", (1, 3, 7, 32, 64, 96, 256, 1024))
+def test_stage_copy_split_covers_every_cell(threads):
+    """Whatever the thread count against the row's units (fewer, more, not a multiple), the
+    fetch's split copies every cell of the stage and none outside it."""
+    from codegen.families.direct import copy_split
+    from codegen.maps import stage_copies
+
+    for units, rows in itertools.product((1, 2, 3, 5, 17, 34, 35, 36), (1, 2, 3, 9, 16, 72)):
+        cells = set(stage_copies(copy_split(units, rows, threads), units, rows, 4, threads))
+        assert cells == set(itertools.product(range(rows), range(4 * units))), (units, rows, threads)
 
 
 def test_register_tiles_copy_16_bytes_from_an_aligned_column():

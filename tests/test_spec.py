@@ -85,6 +85,9 @@ BAD_TILES = [
     ("im2col", {"vectorized": "yes"}, "tiles.vectorized", "True, False"),
     ("im2col", {"unroll": 4}, "tiles.unroll", "unknown tile for this family"),
     ("col2im", {"algorithm": "atomic"}, "tiles.algorithm", "'gather', 'scatter'"),
+    ("im2win", {"batch_chunk": 0}, "tiles.batch_chunk", "[1, 1048576]"),
+    ("im2win", {"batch_chunk": 3}, "tiles.batch_chunk", "must divide n (2)"),
+    ("im2col_gemm", {"batch_chunk": 3}, "tiles.batch_chunk", "must divide n (2)"),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from codegen import tune
 from codegen.api import plan
 from codegen.families import get_family
-from codegen.families.gemm import GemmTiles, check_geometry, register_estimate, shared_bytes
+from codegen.families.gemm import check_geometry, register_estimate, shared_bytes
 from codegen.spec import ConvSpec
 from codegen.tiles import DYNAMIC_SHARED_LIMIT
 
@@ -21,7 +21,7 @@ def test_space_respects_every_declared_limit(family):
     space = get_family(family).tuning_space(SPEC)
     assert len(space) > 100
     for tiles in space:
-        t = GemmTiles(**tiles)
+        t = get_family(family).tiles_type(**tiles)
         check_geometry(t)
         assert t.threads <= 1024 and shared_bytes(t) <= DYNAMIC_SHARED_LIMIT and register_estimate(t) <= 255
         assert (t.warp_m // t.thread_m) * (t.warp_n // t.thread_n) == 32

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,8 +36,9 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them), and
-    ``offsets`` (when given) the element offset into each, for launches over a slice."""
+    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them),
+    ``offsets`` (when given) the element offset into each, for launches over a slice, and
+    ``chunk_strides`` (when given) how far each advances per batch chunk of a chunked plan."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -45,6 +46,7 @@ class Launch:
     shared_bytes: int = 0
     args: tuple[str, ...] | None = None
     offsets: tuple[int, ...] | None = None
+    chunk_strides: tuple[int, ...] | None = None
 
     @property
     def threads(self) -> int:
@@ -87,10 +89,28 @@ class KernelPlan:
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
     steps: tuple[Launch | BlasGemm, ...] = ()
     """What runs, in order, when it is more than ``launches`` once each (im2col + GEMM in chunks)."""
+    chunks: int = 1
+    """The launches run this many times, once per batch chunk, each argument advanced by its
+    launch's ``chunk_strides``: a workspace sized for one chunk bounds the extra memory (im2win)."""
 
     @property
     def schedule(self) -> tuple[Launch | BlasGemm, ...]:
-        return self.steps or self.launches
+        if self.steps:
+            return self.steps
+        if self.chunks == 1:
+            return self.launches
+        return tuple(replace(launch, offsets=tuple(chunk * s for s in launch.chunk_strides), chunk_strides=None)
+                     for chunk in range(self.chunks) for launch in self.launches)
+
+    @property
+    def chunk_advance(self) -> dict[str, int]:
+        """Elements each buffer that moves advances per batch chunk (empty when not chunked)."""
+        advance = {}
+        for launch in self.launches if self.chunks > 1 else ():
+            for buffer, stride in zip(self.launch_args(launch), launch.chunk_strides):
+                if stride:
+                    advance[buffer.name] = stride
+        return advance
 
     @property
     def workspaces(self) -> tuple[Buffer, ...]:

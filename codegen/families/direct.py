@@ -101,6 +101,19 @@ def _fit_tile(out: int, tile: int) -> int:
     return max(1, min(tile, out))
 
 
+def copy_split(units: int, rows: int, threads: int) -> dict:
+    """How tiled_register's threads share a stage copy of rows x units copies: ``lanes`` threads
+    across a row (thread tid takes units tid % lanes + j * lanes), ``rows_per_round`` rows at once
+    (rows tid / lanes + i * rows_per_round).  A thread's column, its bounds test and its offsets
+    are then fixed across the rows it copies, where dividing a flat copy index cost a division,
+    a remainder and a fresh address per copy."""
+    lanes = min(units, threads)
+    rows_per_round = threads // lanes
+    return {"lanes": lanes, "rows_per_round": rows_per_round, "unit_rounds": -(-units // lanes),
+            "row_rounds": -(-rows // rows_per_round), "idle_threads": threads % lanes != 0,
+            "unit_tail": units % lanes != 0, "row_tail": rows % rows_per_round != 0}
+
+
 class Direct(Family):
     name = "direct"
     template = "direct.cu.j2"
@@ -258,7 +271,8 @@ class Direct(Family):
                 dynamic_shared = geometry["stage_bytes"] * tiles.stages
                 shared_check = (dynamic_shared, "tiles.tile_h/tile_w/stages", (*tile, tiles.stages), True)
                 context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
-                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block)
+                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block,
+                               copy=copy_split(geometry["row_units"], terms["axes"][0]["halo_extent"], block[0] * block[1]))
                 first, per_block = "group", tiles.tiles_per_block
             else:
                 terms = index.tile_terms(alg, tile)

@@ -9,21 +9,50 @@ A(m, row) = win[base(m) + delta(row)] with no bounds checks.
 The paper's optimisations are tile switches, so its ablation (Figure 4) can be rerun by removing
 one at a time (``ABLATIONS``): the micro-kernel (thread_m x thread_n outer products; 1x1 without),
 vectorised loads (float4 global loads and float4 fragment reads), and double buffering with
-prefetch (``stages`` >= 2; 1 without).  Extra memory: the im2win tensor (workspace ``win``).
+prefetch (``stages`` >= 2; 1 without).
+
+Extra memory: the im2win tensor (workspace ``win``) of ``batch_chunk`` images.  The plan runs the
+transform and the GEMM once per chunk of the batch, reusing one chunk's tensor, as PyTorch's
+unfold path and our ``im2col_gemm`` bound their column matrix; the whole batch's tensor is 3.5x
+the input for 7x7 stride-2 filters (5.3 GB on conv4).
 """
 from __future__ import annotations
 
 
 import numpy as np
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
 from codegen import index
 from codegen.families import gemm
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convolution_selftest_context, grid_for,
                                    kernel_name)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError, replace
+from codegen.tiles import TileParam
 
 TRANSFORM_THREADS = 256
+WINDOW_BUDGET = 512 << 20
+"""im2win-tensor bytes the heuristic allows per batch chunk: half of ``im2col_gemm``'s column
+budget, since one chunk's GEMM must still fill the GPU (conv4: 8 images, 742 CTAs)."""
+
+
+@dataclass(frozen=True)
+class Im2winTiles(gemm.GemmTiles):
+    batch_chunk: int = 1
+
+    PARAMS: ClassVar = gemm.GemmTiles.PARAMS + (
+        TileParam("batch_chunk", "images per transform + GEMM round (must divide N); the workspace holds "
+                  "their im2win tensor", minimum=1, maximum=1 << 20),
+    )
+
+
+def batch_chunk(spec: ConvSpec) -> int:
+    """The largest divisor of N whose im2win tensor fits ``WINDOW_BUDGET`` (at least 1)."""
+    per_image = math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
+    return max((d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= WINDOW_BUDGET), default=1)
 
 
 def window_vector_ok(spec: ConvSpec) -> bool:
@@ -31,7 +60,7 @@ def window_vector_ok(spec: ConvSpec) -> bool:
     return spec.layout.channels_last and spec.c % 4 == 0
 
 
-def ablation(tiles: gemm.GemmTiles, removed: str) -> gemm.GemmTiles:
+def ablation(tiles: Im2winTiles, removed: str) -> Im2winTiles:
     """``tiles`` with one of the paper's optimisations removed (``ABLATIONS``)."""
     data = tiles.to_dict()
     if removed == "prefetch":
@@ -44,7 +73,7 @@ def ablation(tiles: gemm.GemmTiles, removed: str) -> gemm.GemmTiles:
                     block_m=lanes_m * 2, block_n=lanes_n * 2)
     else:
         raise ValueError(f"unknown ablation {removed!r}; one of {', '.join(ABLATIONS)}")
-    return gemm.GemmTiles(**data)
+    return Im2winTiles(**data)
 
 
 ABLATIONS = ("micro_kernel", "vectorized", "prefetch")
@@ -53,37 +82,50 @@ ABLATIONS = ("micro_kernel", "vectorized", "prefetch")
 class Im2win(Family):
     name = "im2win"
     template = "im2win.cu.j2"
-    tiles_type = gemm.GemmTiles
-    summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM"
+    tiles_type = Im2winTiles
+    summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM, in batch chunks"
 
-    def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        return gemm.heuristic(spec, window_vector_ok(spec))
+    def default_tiles(self, spec: ConvSpec) -> Im2winTiles:
+        """``gemm.heuristic`` for one chunk's GEMM, the chunk from ``batch_chunk``."""
+        chunk = batch_chunk(spec)
+        core = gemm.heuristic(replace(spec, n=chunk), window_vector_ok(spec))
+        return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        return gemm.tuning_space(spec, window_vector_ok(spec))
+        chunk = batch_chunk(spec)
+        return [dict(tiles, batch_chunk=chunk) for tiles in gemm.tuning_space(replace(spec, n=chunk), window_vector_ok(spec))]
 
-    def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
-        alg = self.algebra(spec)
+    def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
+        """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
+        so chunk c is the same kernels on x and y advanced by c chunks of images."""
+        chunk = tiles.batch_chunk
+        if spec.n % chunk:
+            raise SpecError("tiles.batch_chunk", chunk, f"must divide n ({spec.n})")
+        part = replace(spec, n=chunk)
+        alg, whole = self.algebra(part), self.algebra(spec)
         terms = index.gemm_terms(alg, "window")
         vector = window_vector_ok(spec)
-        context = gemm.context(spec, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
+        context = gemm.context(part, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
         context.update(index.window_transform_terms(alg))
         window_elements = context["window_elements"]
         variant = "precomp" if tiles.precomp else "analytic"
         name = kernel_name(self.name, variant, spec, tiles)
+        chunks = spec.n // chunk
+        x_step, y_step = (chunk * math.prod(shape[1:]) for shape in (alg.image_shape, alg.output_shape))
         transform = Launch(f"{name}_transform", (grid_for(window_elements, TRANSFORM_THREADS), 1, 1),
-                           (TRANSFORM_THREADS, 1, 1), args=("x", "win"))
-        conv = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles), args=("win", "w", "y"))
+                           (TRANSFORM_THREADS, 1, 1), args=("x", "win"), chunk_strides=(x_step, 0) if chunks > 1 else None)
+        conv = Launch(name, gemm.grid(part, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles), args=("win", "w", "y"),
+                      chunk_strides=(0, 0, y_step) if chunks > 1 else None)
         padded = max(transform.threads, conv.threads, window_elements)
         context.update(index.template_context(alg, padded))
-        context.update(convolution_selftest_context(alg))
+        context.update(convolution_selftest_context(whole))
         context.update(kernel=name, transform_kernel=transform.kernel, variant=variant, table_name=f"{name}_rows",
                        transform_threads=TRANSFORM_THREADS)
-        buffers = (Buffer("x", alg.image_shape, "in"),
+        buffers = (Buffer("x", whole.image_shape, "in"),
                    Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
                    Buffer("win", index.window_tensor_shape(alg), "workspace", 16 if vector else 4),
-                   Buffer("y", alg.output_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context)
+                   Buffer("y", whole.output_shape, "out"))
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

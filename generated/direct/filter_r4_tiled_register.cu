@@ -52,19 +52,24 @@ convgen_direct_tiled_register_ebc8f64da7(const float* __restrict__ x, float* __r
     const int l1 = threadIdx.x;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int steps = convgen_min(1, 256 - (int)group0 * 1) * 1;
-    // Copies step `step`'s input slice into its stage: 6 round(s), 34 copies per tile row.
+    // Copies step `step`'s input slice into its stage: thread tid copies units tid % 34 of
+    // rows tid / 34 (+7...), 34 units of 4 floats per row, so its columns stay fixed.
+    const int copy_unit = tid % 34;
+    const int copy_row = tid / 34;
     auto fetch = [&](int step) {
         const idx_t tile0 = group0 * 1 + step;
         const int c = 0;
+        if (copy_row >= 7) return;
         float* tile = stage_tiles + (step % 1) * 5440;
 #pragma unroll
-        for (int round = 0; round < 6; ++round) {
-            const int e = tid + round * 256;
-            if (e < 1360) {
-                const int row = e / 34;
-                const int unit = e % 34;
+        for (int across = 0; across < 1; ++across) {
+            const int unit = copy_unit + across * 34;
+            const idx_t i1 = 128*tile1 - 4 + 4 * unit;
+#pragma unroll
+            for (int down = 0; down < 6; ++down) {
+                const int row = copy_row + down * 7;
+                if (row >= 40) break;
                 const idx_t i0 = 32*tile0 - 4 + row;
-                const idx_t i1 = 128*tile1 - 4 + 4 * unit;
                 const bool inside = i0 >= 0 && i0 < 8192 && i1 >= 0 && i1 < 8192;
                 convgen_copy16(tile + row * 136 + 4 * unit, inside ? x + 67108864*c + 8192*i0 + i1 + 67108864*n : x, inside);
             }
