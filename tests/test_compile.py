@@ -73,6 +73,23 @@ def test_every_variant_compiles_for_sm90_without_warnings_or_spills(family, name
         assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack_bytes == 0
 
 
+def test_min_blocks_caps_the_register_tile_through_launch_bounds(cache_dir):
+    """9x9 filter, 8x4 outputs per thread, constant filter: ptxas takes 80 registers on its own;
+    promised 4 blocks of 256 threads per SM it must fit 64."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(128, 256), filter_size=9, padding=4)
+    tiles = {"variant": "tiled_register", "per_thread": 4, "tile_w": 128, "rows_per_thread": 8, "tile_h": 64,
+             "filter_memory": "constant"}
+    registers = {}
+    for blocks in (0, 4):
+        kernel = build("direct", spec, {**tiles, "min_blocks": blocks}, arch="sm_90")
+        assert ("__launch_bounds__(256, 4)" in kernel.source.code) == (blocks == 4)
+        assert kernel.compiled.warnings == []
+        (resources,) = kernel.compiled.resources.values()
+        assert resources.spill_stores == 0
+        registers[blocks] = resources.registers
+    assert registers[4] <= 65536 // (256 * 4) < registers[0]
+
+
 def test_variants_cover_every_kernel_the_families_can_choose():
     chosen = {plan(f, s, t).variant for f, _, s, t in VARIANTS}
     assert chosen >= {"channels_first", "channels_last", "vec4", "vec8", "vec12", "vec16", "vec_generic",

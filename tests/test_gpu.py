@@ -234,11 +234,12 @@ def test_direct_against_torch_conv(spec, seed, variant):
 @pytest.mark.parametrize("dims", (2, 3))
 @given(data=st.data(), seed=st.integers(0, 2**16), per_thread=st.sampled_from((1, 2, 4, 8)),
        rows=st.integers(1, 8), across=st.integers(1, 4), down=st.integers(1, 4), stages=st.integers(1, 3),
-       tiles_per_block=st.integers(1, 3), filter_memory=st.sampled_from(("global", "constant")))
+       tiles_per_block=st.integers(1, 3), filter_memory=st.sampled_from(("global", "constant")),
+       min_blocks=st.sampled_from((0, 2, 8)))
 def test_direct_register_switches(dims, data, seed, per_thread, rows, across, down, stages, tiles_per_block,
-                                  filter_memory):
+                                  filter_memory, min_blocks):
     """tiled_register with every switch: register tile, pipeline depth, tiles per block, filter
-    memory; W sizes up to 20 reach the 16-byte copies and float4 windows and stores.  One test per
+    memory, register cap; W sizes up to 20 reach the 16-byte copies and float4 windows and stores.  One test per
     dimensionality, so the GPU tier runs them side by side."""
     from hypothesis import assume
 
@@ -246,7 +247,7 @@ def test_direct_register_switches(dims, data, seed, per_thread, rows, across, do
 
     tiles = {"variant": "tiled_register", "per_thread": per_thread, "tile_w": per_thread * across,
              "rows_per_thread": rows, "tile_h": rows * down, "stages": stages, "tiles_per_block": tiles_per_block,
-             "filter_memory": filter_memory}
+             "filter_memory": filter_memory, "min_blocks": min_blocks}
     assume(_direct_tiles_valid(spec, tiles))
     _assert_matches("direct", spec, tiles, seed)
 

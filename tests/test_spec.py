@@ -121,6 +121,10 @@ def test_register_tile_refusals_name_the_field():
         plan("direct", big, {**register, "filter_memory": "constant"})
     with pytest.raises(SpecError, match="tiles.filter_memory='constant'.*tiled_register only"):
         plan("direct", make(), {"variant": "basic", "filter_memory": "constant"})
+    with pytest.raises(SpecError, match="tiles.min_blocks=4.*tiled_register only"):
+        plan("direct", make(), {"variant": "tiled_halo", "min_blocks": 4})
+    with pytest.raises(SpecError, match="tiles.min_blocks=17.*\\[0, 16\\]"):
+        plan("direct", make(), {**register, "min_blocks": 17})
     with pytest.raises(SpecError, match="tiles.tile_h=6.*multiple of tiles.rows_per_thread \\(4\\)"):
         plan("direct", make(), {**register, "tile_h": 6, "rows_per_thread": 4})
     with pytest.raises(SpecError, match="tiles.tile_w=6.*multiple of tiles.per_thread \\(4\\)"):

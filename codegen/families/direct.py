@@ -57,6 +57,7 @@ class DirectTiles(Tiles):
     filter_memory: str = "global"
     stages: int = 1
     tiles_per_block: int = 1
+    min_blocks: int = 0
 
     PARAMS: ClassVar = (
         TileParam("variant", "which direct kernel", choices=VARIANTS),
@@ -73,6 +74,8 @@ class DirectTiles(Tiles):
                   "while the current one is computed)", minimum=1, maximum=3),
         TileParam("tiles_per_block", "tiled_register: consecutive output tiles along H that one block computes "
                   "(so its pipeline runs across tiles, not only across channels)", minimum=1, maximum=64),
+        TileParam("min_blocks", "tiled_register: blocks per SM promised to ptxas by __launch_bounds__, which caps "
+                  "registers at 65536 / (threads * min_blocks) (0: ptxas chooses)", minimum=0, maximum=16),
     )
 
 
@@ -139,33 +142,32 @@ class Direct(Family):
 
         - 8 x 4 outputs per thread (4 along W for float4 copies and stores, 8 along H so each
           input row read from shared memory feeds up to 8 filter rows), 32 threads across and 8
-          down: a 64 x 128 output tile.  Filters of more than 49 taps per plane, and outputs
-          under 64 rows, take 4 rows per thread (a 32 x 128 tile): the 9x9 filter ran 7 % faster
-          so, the 3x3-7x7 ones 1-4 % slower.
+          down: a 64 x 128 output tile; outputs under 64 rows take 4 rows per thread (a 32 x 128
+          tile).  (Before the stage copy kept each thread's columns fixed, the 9x9 filter ran 7 %
+          faster with 4 rows per thread; with it, 8 rows win on every radius: 9x9 0.254 ms
+          against 0.269.)
         - Along an axis with stride s neighbouring outputs share fewer inputs and each output
           widens the input tile by s, so a thread takes 4/s outputs there (1 from stride 4 on).
         - The tile shrinks to the output, then loses rows of threads and then columns until its
           input tile fits in 48 KB (conv1, 11x11 stride 4, blocked 4 x 4, was left 14 threads
           and ran 15x slower than one output per thread).
         - One stage and one tile per block: many small resident blocks hid the copies better
-          than a deeper pipeline in fewer blocks on the filters, and the pipeline's effect on the
-          layers was mixed (-9 % to +7 %), so it is left to the tuner.
-        - The filter stays in global memory (a small filter's weights end up in registers)
-          unless a channel's plane has more than 49 taps and the filter fits the constant bank,
-          where uniform constant loads beat per-thread ones (9x9: 0.66 against 0.60 of copy)."""
+          than a deeper pipeline in fewer blocks (9x9: 0.254 ms against 0.275-0.33 for 2-3
+          stages over 2-8 tiles per block), and the pipeline's effect on the layers was mixed
+          (-9 % to +7 %), so it is left to the tuner, with ``min_blocks``.
+        - The filter stays in global memory: ptxas loads a block-uniform filter once into
+          uniform registers, which the FMAs read as the constant bank's would (9x9 with 8 rows
+          per thread: 0.254 ms against 0.262-0.283 from the constant bank)."""
         alg = index.IndexAlgebra(spec)
         out_h, out_w = alg.out_size[-2:]
-        plane_taps = spec.filter_size[-2] * spec.filter_size[-1]
-        tall = out_h >= 64 and plane_taps <= 49
+        tall = out_h >= 64
         per = (4 if out_w >= 16 else 1) // min(4, spec.stride[-1]) or 1
         rows = (8 if tall else 4 if out_h >= 16 else 1) // min(4, spec.stride[-2]) or 1
         across = min(32, -(-out_w // per))
         down = max(1, min(256 // across, -(-out_h // rows), 64 // rows))
-        fits = _filter_bytes(alg) <= CONSTANT_BANK_BYTES
-        memory = "constant" if fits and plane_taps > 49 else "global"
         while True:
             tiles = DirectTiles(variant="tiled_register", tile_h=rows * down, tile_w=per * across, per_thread=per,
-                                rows_per_thread=rows, filter_memory=memory, stages=1, tiles_per_block=1)
+                                rows_per_thread=rows, filter_memory="global", stages=1, tiles_per_block=1)
             if self._register_geometry(spec, tiles)["stage_bytes"] <= STATIC_SHARED_LIMIT:
                 return tiles
             if down > 1:
@@ -180,18 +182,18 @@ class Direct(Family):
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
         and wide tiles, and the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3
-        stages, 1-4 tiles per block and both filter memories."""
+        stages, 1-4 tiles per block, both filter memories, with and without min_blocks=4."""
         space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
         for variant in ("tiled_halo", "tiled_cache"):
             space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
         heuristic = self.register_tiles(spec)
         fits = _filter_bytes(index.IndexAlgebra(spec)) <= CONSTANT_BANK_BYTES
         memories = ("global", "constant") if fits else ("global",)
-        for per, rows, down, stages, group, memory in itertools.product((4, 8), (4, 8), (4, 8), (1, 2, 3), (1, 2, 4),
-                                                                        memories):
+        for per, rows, down, stages, group, memory, blocks in itertools.product((4, 8), (4, 8), (4, 8), (1, 2, 3),
+                                                                                (1, 2, 4), memories, (0, 4)):
             space.append(dataclasses.replace(heuristic, tile_h=rows * down, tile_w=32 * per, per_thread=per,
                                              rows_per_thread=rows, stages=stages, tiles_per_block=group,
-                                             filter_memory=memory).to_dict())
+                                             filter_memory=memory, min_blocks=blocks).to_dict())
         return space
 
     def _register_geometry(self, spec: ConvSpec, tiles: DirectTiles) -> dict:
@@ -247,6 +249,8 @@ class Direct(Family):
         if tiles.filter_memory == "constant" and variant != "tiled_register":
             raise SpecError("tiles.filter_memory", "constant",
                             "applies to variant tiled_register only; variant constant always reads a __constant__ filter")
+        if tiles.min_blocks and variant != "tiled_register":
+            raise SpecError("tiles.min_blocks", tiles.min_blocks, "applies to variant tiled_register only (leave it 0)")
         constant_filter = variant == "constant" or tiles.filter_memory == "constant"
         dynamic_shared = 0
         if constant_filter and filter_bytes > CONSTANT_BANK_BYTES:
@@ -271,7 +275,7 @@ class Direct(Family):
                 dynamic_shared = geometry["stage_bytes"] * tiles.stages
                 shared_check = (dynamic_shared, "tiles.tile_h/tile_w/stages", (*tile, tiles.stages), True)
                 context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
-                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block,
+                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block, min_blocks=tiles.min_blocks,
                                copy=copy_split(geometry["row_units"], terms["axes"][0]["halo_extent"], block[0] * block[1]))
                 first, per_block = "group", tiles.tiles_per_block
             else:
