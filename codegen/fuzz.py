@@ -56,7 +56,7 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
 @st.composite
 def gemm_tiles(draw) -> dict:
     """Valid GEMM-core tile choices of every shape: warp layouts from 1x32 to 32x1, micro-tiles
-    from 1x1 to 8x8, 1 to 8 warps, every pipeline and load switch."""
+    from 1x1 to 8x8, 1 to 8 warps, every pipeline and load switch, split-K up to 3."""
     from codegen.families.gemm import GemmTiles, check_geometry
 
     lanes_m = draw(st.sampled_from((1, 2, 4, 8, 16, 32)))
@@ -67,7 +67,8 @@ def gemm_tiles(draw) -> dict:
     tiles = {"block_m": warp_m * warps_m, "block_n": warp_n * warps_n, "block_k": draw(st.sampled_from((4, 8, 16))),
              "warp_m": warp_m, "warp_n": warp_n, "thread_m": thread_m, "thread_n": thread_n,
              "stages": draw(st.sampled_from((1, 2, 3) if async_copy else (1, 2))), "async_copy": async_copy,
-             "vector_load": draw(st.booleans()), "vector_smem": draw(st.booleans()), "precomp": draw(st.booleans())}
+             "vector_load": draw(st.booleans()), "vector_smem": draw(st.booleans()), "precomp": draw(st.booleans()),
+             "split_k": draw(st.sampled_from((1, 1, 2, 3)))}
     try:
         check_geometry(GemmTiles(**tiles))
     except SpecError:

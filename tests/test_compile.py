@@ -28,6 +28,8 @@ GEMM_SWITCHES = {
     "analytic": {"precomp": False},
     "register-staging": {"async_copy": False, "stages": 2},
     "one-stage": {"stages": 1},
+    "split-k": {"split_k": 2},
+    "split-k-register-staging": {"split_k": 3, "async_copy": False, "stages": 2},
     "scalar-fragments": {"vector_smem": False, "vector_load": False},
     "no-micro-kernel": {"block_m": 16, "block_n": 8, "warp_m": 8, "warp_n": 4, "thread_m": 1, "thread_n": 1},
     "wide": {"block_m": 128, "block_n": 64, "block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8,

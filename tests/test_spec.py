@@ -88,6 +88,8 @@ BAD_TILES = [
     ("im2win", {"batch_chunk": 0}, "tiles.batch_chunk", "[1, 1048576]"),
     ("im2win", {"batch_chunk": 3}, "tiles.batch_chunk", "must divide n (2)"),
     ("im2col_gemm", {"batch_chunk": 3}, "tiles.batch_chunk", "must divide n (2)"),
+    ("implicit_gemm", {"split_k": 16}, "tiles.split_k", "at most the 4 k-slices of 8 that K = 27 makes"),
+    ("implicit_gemm", {"split_k": 0}, "tiles.split_k", "[1, 16]"),
 ]
 
 

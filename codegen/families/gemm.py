@@ -30,6 +30,11 @@ REGISTER_LIMIT = 255
 REGISTER_FILE = 65536
 SM_COUNT_HINT = 132
 """SMs of the H100 the heuristic sizes grids for; on smaller GPUs it only errs towards more CTAs."""
+SPLIT_K_CTAS = 8 * SM_COUNT_HINT
+"""CTAs below which the heuristic splits K: conv12's 400 output tiles ran 1.14x faster in 3 splits
+(1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568 lost 11 % in 2."""
+SPLIT_K_MIN_SLICES = 16
+"""k-slices each split keeps at least, so the pipeline still has a loop to overlap."""
 REGISTER_OVERHEAD = 40
 """Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
 benchmark layers: 30-45 beyond accumulators and fragments)."""
@@ -49,6 +54,7 @@ class GemmTiles(Tiles):
     vector_load: bool = True
     vector_smem: bool = True
     precomp: bool = True
+    split_k: int = 1
 
     PARAMS: ClassVar = (
         TileParam("block_m", "CTA tile along GEMM M (output pixels)", minimum=1, maximum=256),
@@ -68,6 +74,9 @@ class GemmTiles(Tiles):
                   choices=(True, False)),
         TileParam("precomp", "read each column-matrix row's offset from a precomputed table (cuDNN's "
                   "'precomp') instead of dividing it out in the kernel", choices=(True, False)),
+        TileParam("split_k", "CTAs that share one output tile's K range (CUTLASS's split-K), summing their "
+                  "partial tiles into the zeroed output with atomic adds: more CTAs where the output has "
+                  "few tiles and K is long", minimum=1, maximum=16),
     )
 
     @property
@@ -167,7 +176,9 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
       shape most winners had; small tiles shrink the micro-tile to keep 32 lanes per warp;
     - block_k 16 (8 when K = C*taps is below 64, where half a slice would be padding), 3 cp.async
       stages in dynamic shared memory (the launchers opt in above 48 KB);
-    - vector loads where the layout allows, precomputed row offsets always.
+    - vector loads where the layout allows, precomputed row offsets always;
+    - split-K (CUTLASS's serial reduction through atomic adds) when the output has fewer than
+      ``SPLIT_K_CTAS`` tiles: enough splits to reach it, each keeping ``SPLIT_K_MIN_SLICES``.
     """
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
@@ -179,33 +190,44 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     if block_m == 32 or block_n == 32:
         thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
-    return GemmTiles(block_m=block_m, block_n=block_n, block_k=16 if gemm_k >= 64 else 8, warp_m=warp_m,
-                     warp_n=warp_n, thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok)
+    block_k = 16 if gemm_k >= 64 else 8
+    ctas = -(-gemm_m // block_m) * -(-gemm_n // block_n)
+    k_tiles = -(-gemm_k // block_k)
+    split_k = 1
+    if ctas < SPLIT_K_CTAS:
+        split_k = max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
+    return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
+                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok, split_k=split_k)
 
 
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     """Every tile configuration the tuner may try: CTA tiles 32-256 (block_n no wider than the
     channels need), block_k 8-32, 4x4 to 8x8 micro-tiles, four warp shapes, 2-4 stages, with and
-    without the row table; kept only if ``check_geometry`` accepts it."""
-    gemm_n = spec.k
+    without the row table, split-K 1, 2 or 4 where the output has fewer than ``SPLIT_K_CTAS``
+    tiles; kept only if ``check_geometry`` accepts it."""
+    gemm_m, gemm_n, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
     widest = max(32, -(-gemm_n // 32) * 32)
     space = []
     for block_m in (32, 64, 128, 256):
         for block_n in (b for b in (32, 64, 96, 128, 256) if b <= widest):
+            few_tiles = -(-gemm_m // block_m) * -(-gemm_n // block_n) < SPLIT_K_CTAS
             for block_k in (8, 16, 32):
                 for thread_m, thread_n in ((4, 4), (4, 8), (8, 4), (8, 8)):
                     for lanes_m in (2, 4, 8, 16):
                         for stages in (2, 3, 4):
                             for precomp in (True, False):
-                                tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k,
-                                             warp_m=lanes_m * thread_m, warp_n=(32 // lanes_m) * thread_n,
-                                             thread_m=thread_m, thread_n=thread_n, stages=stages, async_copy=True,
-                                             vector_load=a_vector_ok, vector_smem=True, precomp=precomp)
-                                try:
-                                    check_geometry(GemmTiles(**tiles))
-                                except SpecError:
-                                    continue
-                                space.append(tiles)
+                                for split_k in (1, 2, 4) if few_tiles else (1,):
+                                    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k,
+                                                 warp_m=lanes_m * thread_m, warp_n=(32 // lanes_m) * thread_n,
+                                                 thread_m=thread_m, thread_n=thread_n, stages=stages, async_copy=True,
+                                                 vector_load=a_vector_ok, vector_smem=True, precomp=precomp,
+                                                 split_k=split_k)
+                                    try:
+                                        check_geometry(GemmTiles(**tiles))
+                                    except SpecError:
+                                        continue
+                                    if split_k <= -(-gemm_k // block_k):
+                                        space.append(tiles)
     return space
 
 
@@ -235,6 +257,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         a_load = _loader(tiles.block_m, tiles.block_k, threads, False, "tiles.block_m", tiles)
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
+    k_per_split = k_split(spec, tiles)[1]
     table = index.row_table(alg, terms) if tiles.precomp else []
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
@@ -249,6 +272,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
+        "splits": k_split(spec, tiles)[0], "k_per_split": k_per_split,
         "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,
@@ -261,9 +285,20 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
 
 
 def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:
-    """1D: M tiles times N tiles, N fastest (see the kernel's comment)."""
+    """x: M tiles times N tiles, N fastest (see the kernel's comment); y: the K splits."""
     gemm_m, gemm_n, _ = index.gemm_sizes(index.IndexAlgebra(spec))
-    return (-(-gemm_m // tiles.block_m) * -(-gemm_n // tiles.block_n), 1, 1)
+    return (-(-gemm_m // tiles.block_m) * -(-gemm_n // tiles.block_n), k_split(spec, tiles)[0], 1)
+
+
+def k_split(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int]:
+    """(CTAs per output tile, k-slices each takes): ``split_k`` ranges of whole slices, none empty."""
+    _, _, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
+    k_tiles = -(-gemm_k // tiles.block_k)
+    if tiles.split_k > k_tiles:
+        raise SpecError("tiles.split_k", tiles.split_k, f"must be at most the {k_tiles} k-slices of "
+                        f"{tiles.block_k} that K = {gemm_k} makes")
+    per_split = -(-k_tiles // tiles.split_k)
+    return -(-k_tiles // per_split), per_split
 
 
 def flops(spec: ConvSpec) -> int:

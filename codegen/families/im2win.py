@@ -125,7 +125,8 @@ class Im2win(Family):
                    Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
                    Buffer("win", index.window_tensor_shape(alg), "workspace", 16 if vector else 4),
                    Buffer("y", whole.output_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks)
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
+                          zero_output=context["splits"] > 1)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

@@ -50,7 +50,7 @@ class ImplicitGemm(Family):
         buffers = (Buffer("x", alg.image_shape, "in", 16 if vector and tiles.vector_load else 4),
                    Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
                    Buffer("y", alg.output_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context)
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
