@@ -200,7 +200,9 @@ def plot(results: list[dict], path: Path) -> bool:
     keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))
     labels = [f"{layer}\n{layout}" for layer, layout in keys]
     families = [f for f in FAMILIES if any(r["family"] == f for r in main)]
-    fig, axes = plt.subplots(3, 1, figsize=(max(10, len(keys) * 0.9), 11))
+    ablation = [r for r in results if r["ablation"] and "ms" in r]
+    panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel
+    fig, axes = plt.subplots(panels, 1, figsize=(max(10, len(keys) * 0.9), 11 * panels / 3))
     width = 0.8 / (len(families) + 1)
     xs = np.arange(len(keys))
     cudnn = {(r["layer"], r["layout"]): r for r in results}
@@ -217,15 +219,15 @@ def plot(results: list[dict], path: Path) -> bool:
     axes[0].set_ylabel("effective TFLOP/s")
     axes[1].set_ylabel("extra memory, MiB")
     axes[1].set_yscale("symlog")
-    ablation = [r for r in results if r["ablation"] and "ms" in r]
-    full = {(r["layer"], r["layout"]): r["tflops"] for r in main if r["family"] == "im2win"}
-    removed_kinds = list(dict.fromkeys(r["ablation"] for r in ablation))
-    axes[2].bar(xs, [full.get(k, 0) for k in keys], 0.8 / (len(removed_kinds) + 1), label="im2win (all)")
-    for j, removed in enumerate(removed_kinds, 1):
-        values = {(r["layer"], r["layout"]): r["tflops"] for r in ablation if r["ablation"] == removed}
-        axes[2].bar(xs + j * 0.8 / (len(removed_kinds) + 1), [values.get(k, 0) for k in keys],
-                    0.8 / (len(removed_kinds) + 1), label=f"without {removed}")
-    axes[2].set_ylabel("im2win TFLOP/s")
+    if ablation:
+        full = {(r["layer"], r["layout"]): r["tflops"] for r in main if r["family"] == "im2win"}
+        removed_kinds = list(dict.fromkeys(r["ablation"] for r in ablation))
+        axes[2].bar(xs, [full.get(k, 0) for k in keys], 0.8 / (len(removed_kinds) + 1), label="im2win (all)")
+        for j, removed in enumerate(removed_kinds, 1):
+            values = {(r["layer"], r["layout"]): r["tflops"] for r in ablation if r["ablation"] == removed}
+            axes[2].bar(xs + j * 0.8 / (len(removed_kinds) + 1), [values.get(k, 0) for k in keys],
+                        0.8 / (len(removed_kinds) + 1), label=f"without {removed}")
+        axes[2].set_ylabel("im2win TFLOP/s")
     for ax in axes:
         ax.set_xticks(xs + 0.4 - width / 2)
         ax.set_xticklabels(labels, fontsize=7)
