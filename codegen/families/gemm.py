@@ -10,6 +10,8 @@ The kernel is CUTLASS's SIMT structure: a CTA tile block_m x block_n advanced ov
 block_k slices, ``stages`` shared-memory buffers filled by ``cp.async`` (or by registers when
 ``async_copy`` is off) so the next slices load while this one is multiplied, warps owning
 warp_m x warp_n sub-tiles and threads thread_m x thread_n outer products (the micro-kernel).
+With ``split_k`` > 1 several CTAs share an output tile's K range and add their partial tiles
+into the zeroed output atomically (CUTLASS's serial split-K), for outputs with few tiles.
 Shared memory is dynamic (up to 227 KB on sm_90, opted into by the launchers above 48 KB).
 Both operands sit in shared memory as k-slices of contiguous rows ([block_k][block_m + 4]), as in
 CUTLASS's SIMT kernels: a thread owns groups of four adjacent pixels and channels, so one float4
@@ -257,7 +259,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         a_load = _loader(tiles.block_m, tiles.block_k, threads, False, "tiles.block_m", tiles)
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
-    k_per_split = k_split(spec, tiles)[1]
+    splits, k_per_split = k_split(spec, tiles)
     table = index.row_table(alg, terms) if tiles.precomp else []
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
@@ -272,7 +274,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
-        "splits": k_split(spec, tiles)[0], "k_per_split": k_per_split,
+        "splits": splits, "k_per_split": k_per_split,
         "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,
