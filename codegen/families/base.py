@@ -15,7 +15,8 @@ import numpy as np
 
 from codegen import index
 from codegen.index import IndexAlgebra
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
+from codegen.spec import replace as replace_spec
 from codegen.tiles import Tiles
 
 
@@ -146,6 +147,19 @@ def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
 
 def grid_for(total: int, per_block: int) -> int:
     return max(1, -(-total // per_block))
+
+
+def largest_batch_chunk(n: int, per_image_bytes: int, budget: int) -> int:
+    """The largest divisor of the batch ``n`` whose images' workspace fits ``budget`` (at least 1):
+    the default ``batch_chunk`` of the families that stage a workspace per chunk."""
+    return max((d for d in range(1, n + 1) if n % d == 0 and d * per_image_bytes <= budget), default=1)
+
+
+def chunk_spec(spec: ConvSpec, chunk: int) -> ConvSpec:
+    """``spec`` for one batch chunk of ``chunk`` images, refusing a chunk that does not divide N."""
+    if spec.n % chunk:
+        raise SpecError("tiles.batch_chunk", chunk, f"must divide n ({spec.n})")
+    return replace_spec(spec, n=chunk)
 
 
 def convolution_selftest_context(alg: IndexAlgebra) -> dict:

@@ -17,9 +17,9 @@ import numpy as np
 
 from codegen import index
 from codegen.families import im2col
-from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch
+from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, largest_batch_chunk
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, SpecError, replace
+from codegen.spec import ConvSpec
 from codegen.tiles import TileParam, Tiles
 
 WORKSPACE_BUDGET = 1 << 30
@@ -46,20 +46,17 @@ class Im2colGemm(Family):
         """The largest divisor of N whose column matrix fits ``WORKSPACE_BUDGET`` (at least 1)."""
         alg = index.IndexAlgebra(spec)
         per_image = alg.rows * math.prod(alg.out_size) * 4
-        fitting = [d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= WORKSPACE_BUDGET]
-        return Im2colGemmTiles(batch_chunk=max(fitting, default=1))
+        return Im2colGemmTiles(batch_chunk=largest_batch_chunk(spec.n, per_image, WORKSPACE_BUDGET))
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return [{"batch_chunk": d} for d in range(1, spec.n + 1) if spec.n % d == 0]
 
     def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
         chunk = tiles.batch_chunk
-        if spec.n % chunk:
-            raise SpecError("tiles.batch_chunk", chunk, f"must divide n ({spec.n})")
+        part = chunk_spec(spec, chunk)
         alg = self.algebra(spec)
-        chunk_spec = replace(spec, n=chunk)
-        inner = im2col.FAMILY.plan(chunk_spec, im2col.FAMILY.default_tiles(chunk_spec))
-        chunk_alg = index.IndexAlgebra(chunk_spec)
+        inner = im2col.FAMILY.plan(part, im2col.FAMILY.default_tiles(part))
+        chunk_alg = index.IndexAlgebra(part)
         rows, cols = chunk_alg.col_shape
         pixels = math.prod(alg.out_size)
         x_step = chunk * math.prod(alg.image_shape[1:])

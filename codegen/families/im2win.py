@@ -18,19 +18,18 @@ the input for 7x7 stride-2 filters (5.3 GB on conv4).
 """
 from __future__ import annotations
 
-
-import numpy as np
-
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from codegen import index
 from codegen.families import gemm
-from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convolution_selftest_context, grid_for,
-                                   kernel_name)
+from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
+                                   grid_for, kernel_name, largest_batch_chunk)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, SpecError, replace
+from codegen.spec import ConvSpec, replace
 from codegen.tiles import TileParam
 
 TRANSFORM_THREADS = 256
@@ -52,7 +51,7 @@ class Im2winTiles(gemm.GemmTiles):
 def batch_chunk(spec: ConvSpec) -> int:
     """The largest divisor of N whose im2win tensor fits ``WINDOW_BUDGET`` (at least 1)."""
     per_image = math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
-    return max((d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= WINDOW_BUDGET), default=1)
+    return largest_batch_chunk(spec.n, per_image, WINDOW_BUDGET)
 
 
 def window_vector_ok(spec: ConvSpec) -> bool:
@@ -99,9 +98,7 @@ class Im2win(Family):
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
         so chunk c is the same kernels on x and y advanced by c chunks of images."""
         chunk = tiles.batch_chunk
-        if spec.n % chunk:
-            raise SpecError("tiles.batch_chunk", chunk, f"must divide n ({spec.n})")
-        part = replace(spec, n=chunk)
+        part = chunk_spec(spec, chunk)
         alg, whole = self.algebra(part), self.algebra(spec)
         terms = index.gemm_terms(alg, "window")
         vector = window_vector_ok(spec)
