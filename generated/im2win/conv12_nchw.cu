@@ -649,7 +649,8 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
     const idx_t m_tile = (idx_t)(blockIdx.x / 8) * 64;
     const int n_tile = (blockIdx.x % 8) * 64;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // win (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[1];
 #pragma unroll
     for (int s = 0; s < 1; ++s) {
@@ -660,12 +661,8 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
         const idx_t o1 = ((col) % 5);
         a_base[s] = 53760*n + 21*o0 + 3*o1;
     }
-    idx_t b_base[16];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-        const int oc = n_tile + (tid / 16) + s * 4;
-        b_base[s] = (idx_t)oc * 4608;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 4 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 4608;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -815,7 +812,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
         {
@@ -824,7 +821,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 18432 : w), valid);
             }
         }
         {
@@ -833,7 +830,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 36864 : w), valid);
             }
         }
         {
@@ -842,7 +839,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 55296 : w), valid);
             }
         }
         {
@@ -851,7 +848,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[4] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 73728 : w), valid);
             }
         }
         {
@@ -860,7 +857,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[5] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 92160 : w), valid);
             }
         }
         {
@@ -869,7 +866,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[6] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 110592 : w), valid);
             }
         }
         {
@@ -878,7 +875,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[7] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 129024 : w), valid);
             }
         }
         {
@@ -887,7 +884,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[8] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 147456 : w), valid);
             }
         }
         {
@@ -896,7 +893,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[9] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 165888 : w), valid);
             }
         }
         {
@@ -905,7 +902,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[10] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 184320 : w), valid);
             }
         }
         {
@@ -914,7 +911,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[11] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 202752 : w), valid);
             }
         }
         {
@@ -923,7 +920,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[12] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 221184 : w), valid);
             }
         }
         {
@@ -932,7 +929,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[13] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 239616 : w), valid);
             }
         }
         {
@@ -941,7 +938,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[14] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 258048 : w), valid);
             }
         }
         {
@@ -950,7 +947,7 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[15] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 276480 : w), valid);
             }
         }
     };
@@ -964,14 +961,16 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[8];
@@ -992,7 +991,8 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs

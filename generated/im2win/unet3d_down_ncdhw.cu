@@ -291,7 +291,8 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
     const idx_t m_tile = (idx_t)blockIdx.x * 32;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // win (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[1];
 #pragma unroll
     for (int s = 0; s < 1; ++s) {
@@ -303,12 +304,8 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
         const idx_t o2 = ((col) % 16);
         a_base[s] = 4866048*n + 4752*o0 + 297*o1 + 18*o2;
     }
-    idx_t b_base[16];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-        const int oc = n_tile + (tid / 16) + s * 8;
-        b_base[s] = (idx_t)oc * 1728;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 8 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 1728;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -362,7 +359,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
         {
@@ -371,7 +368,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 13824 : w), valid);
             }
         }
         {
@@ -380,7 +377,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 27648 : w), valid);
             }
         }
         {
@@ -389,7 +386,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 41472 : w), valid);
             }
         }
         {
@@ -398,7 +395,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[4] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 55296 : w), valid);
             }
         }
         {
@@ -407,7 +404,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[5] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 69120 : w), valid);
             }
         }
         {
@@ -416,7 +413,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[6] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 82944 : w), valid);
             }
         }
         {
@@ -425,7 +422,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[7] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 96768 : w), valid);
             }
         }
         {
@@ -434,7 +431,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[8] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 110592 : w), valid);
             }
         }
         {
@@ -443,7 +440,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[9] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 124416 : w), valid);
             }
         }
         {
@@ -452,7 +449,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[10] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 138240 : w), valid);
             }
         }
         {
@@ -461,7 +458,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[11] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 152064 : w), valid);
             }
         }
         {
@@ -470,7 +467,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[12] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 165888 : w), valid);
             }
         }
         {
@@ -479,7 +476,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[13] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 179712 : w), valid);
             }
         }
         {
@@ -488,7 +485,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[14] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 193536 : w), valid);
             }
         }
         {
@@ -497,7 +494,7 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[15] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 207360 : w), valid);
             }
         }
     };
@@ -511,14 +508,16 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[4];
@@ -539,7 +538,8 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs

@@ -630,7 +630,8 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
     const idx_t m_tile = (idx_t)(blockIdx.x / 8) * 64;
     const int n_tile = (blockIdx.x % 8) * 64;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // x (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[1];
 #pragma unroll
     for (int s = 0; s < 1; ++s) {
@@ -641,12 +642,8 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
         const idx_t o1 = ((col) % 5);
         a_base[s] = 25088*n + 7*o0 + o1;
     }
-    idx_t b_base[16];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-        const int oc = n_tile + (tid / 16) + s * 4;
-        b_base[s] = (idx_t)oc * 4608;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 4 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 4608;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -796,7 +793,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
         {
@@ -805,7 +802,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 18432 : w), valid);
             }
         }
         {
@@ -814,7 +811,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 36864 : w), valid);
             }
         }
         {
@@ -823,7 +820,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 55296 : w), valid);
             }
         }
         {
@@ -832,7 +829,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[4] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 73728 : w), valid);
             }
         }
         {
@@ -841,7 +838,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[5] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 92160 : w), valid);
             }
         }
         {
@@ -850,7 +847,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[6] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 110592 : w), valid);
             }
         }
         {
@@ -859,7 +856,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[7] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 129024 : w), valid);
             }
         }
         {
@@ -868,7 +865,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[8] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 147456 : w), valid);
             }
         }
         {
@@ -877,7 +874,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[9] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 165888 : w), valid);
             }
         }
         {
@@ -886,7 +883,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[10] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 184320 : w), valid);
             }
         }
         {
@@ -895,7 +892,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[11] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 202752 : w), valid);
             }
         }
         {
@@ -904,7 +901,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[12] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 221184 : w), valid);
             }
         }
         {
@@ -913,7 +910,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[13] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 239616 : w), valid);
             }
         }
         {
@@ -922,7 +919,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[14] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 258048 : w), valid);
             }
         }
         {
@@ -931,7 +928,7 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[15] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 276480 : w), valid);
             }
         }
     };
@@ -945,14 +942,16 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[8];
@@ -973,7 +972,8 @@ convgen_implicit_gemm_precomp_a71e17cb3c(const float* __restrict__ x, const floa
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs

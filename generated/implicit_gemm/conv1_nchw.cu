@@ -100,7 +100,8 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
     const idx_t m_tile = (idx_t)blockIdx.x * 128;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // x (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[11];
 #pragma unroll
     for (int s = 0; s < 11; ++s) {
@@ -111,12 +112,8 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
         const idx_t o1 = ((col) % 55);
         a_base[s] = 154587*n + 908*o0 + 4*o1;
     }
-    idx_t b_base[8];
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-        const int oc = n_tile + (tid / 16) + s * 12;
-        b_base[s] = (idx_t)oc * 363;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 12 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 363;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -186,7 +183,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
         {
@@ -195,7 +192,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 4356 : w), valid);
             }
         }
         {
@@ -204,7 +201,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
         {
@@ -213,7 +210,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 13068 : w), valid);
             }
         }
         {
@@ -222,7 +219,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[4] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
         {
@@ -231,7 +228,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[5] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 21780 : w), valid);
             }
         }
         {
@@ -240,7 +237,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[6] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
         {
@@ -249,7 +246,7 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = row < 363;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[7] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 30492 : w), valid);
             }
         }
     };
@@ -261,14 +258,16 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[8];
@@ -289,7 +288,8 @@ convgen_implicit_gemm_precomp_bf9e5b48e5(const float* __restrict__ x, const floa
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs

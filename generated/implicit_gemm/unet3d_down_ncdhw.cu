@@ -271,7 +271,8 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
     const idx_t m_tile = (idx_t)blockIdx.x * 32;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // x (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[1];
     int a_origin0[1];
     int a_origin1[1];
@@ -289,12 +290,8 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
         a_origin1[s] = (int)(2*o1 - 1);
         a_origin2[s] = (int)(2*o2 - 1);
     }
-    idx_t b_base[16];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-        const int oc = n_tile + (tid / 16) + s * 8;
-        b_base[s] = (idx_t)oc * 1728;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 8 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 1728;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -364,7 +361,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
         {
@@ -373,7 +370,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 13824 : w), valid);
             }
         }
         {
@@ -382,7 +379,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 27648 : w), valid);
             }
         }
         {
@@ -391,7 +388,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 41472 : w), valid);
             }
         }
         {
@@ -400,7 +397,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[4] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 55296 : w), valid);
             }
         }
         {
@@ -409,7 +406,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[5] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 69120 : w), valid);
             }
         }
         {
@@ -418,7 +415,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[6] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 82944 : w), valid);
             }
         }
         {
@@ -427,7 +424,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[7] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 96768 : w), valid);
             }
         }
         {
@@ -436,7 +433,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[8] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 110592 : w), valid);
             }
         }
         {
@@ -445,7 +442,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[9] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 124416 : w), valid);
             }
         }
         {
@@ -454,7 +451,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[10] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 138240 : w), valid);
             }
         }
         {
@@ -463,7 +460,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[11] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 152064 : w), valid);
             }
         }
         {
@@ -472,7 +469,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[12] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 165888 : w), valid);
             }
         }
         {
@@ -481,7 +478,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[13] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 179712 : w), valid);
             }
         }
         {
@@ -490,7 +487,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[14] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 193536 : w), valid);
             }
         }
         {
@@ -499,7 +496,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[15] + row : 0), valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 207360 : w), valid);
             }
         }
     };
@@ -513,14 +510,16 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[4];
@@ -541,7 +540,8 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs

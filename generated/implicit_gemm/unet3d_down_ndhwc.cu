@@ -272,7 +272,8 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
     const idx_t m_tile = (idx_t)blockIdx.x * 32;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
+    // x (a pointer, so a table offset is one wide multiply-add away) and its origin.
     idx_t a_base[1];
     int a_origin0[1];
     int a_origin1[1];
@@ -290,12 +291,8 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
         a_origin1[s] = (int)(2*o1 - 1);
         a_origin2[s] = (int)(2*o2 - 1);
     }
-    idx_t b_base[4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        const int oc = n_tile + (tid / 4) + s * 32;
-        b_base[s] = (idx_t)oc * 1728;
-    }
+    // The filter row of this thread's first B slot; slot s is s * 32 rows further.
+    const float* const b_row = w + (idx_t)(n_tile + (tid / 4)) * 1728;
 
     const int warp = tid / 32;
     const int lane = tid % 32;
@@ -332,10 +329,10 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[0] + row : 0) + 0, valid);
-                convgen_copy4(&Bs[stage][k_local + 1][n_local], w + (valid ? b_base[0] + row : 0) + 1, valid);
-                convgen_copy4(&Bs[stage][k_local + 2][n_local], w + (valid ? b_base[0] + row : 0) + 2, valid);
-                convgen_copy4(&Bs[stage][k_local + 3][n_local], w + (valid ? b_base[0] + row : 0) + 3, valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w) + 0, valid);
+                convgen_copy4(&Bs[stage][k_local + 1][n_local], (valid ? b_row + row : w) + 1, valid);
+                convgen_copy4(&Bs[stage][k_local + 2][n_local], (valid ? b_row + row : w) + 2, valid);
+                convgen_copy4(&Bs[stage][k_local + 3][n_local], (valid ? b_row + row : w) + 3, valid);
             }
         }
         {
@@ -344,10 +341,10 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[1] + row : 0) + 0, valid);
-                convgen_copy4(&Bs[stage][k_local + 1][n_local], w + (valid ? b_base[1] + row : 0) + 1, valid);
-                convgen_copy4(&Bs[stage][k_local + 2][n_local], w + (valid ? b_base[1] + row : 0) + 2, valid);
-                convgen_copy4(&Bs[stage][k_local + 3][n_local], w + (valid ? b_base[1] + row : 0) + 3, valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 55296 : w) + 0, valid);
+                convgen_copy4(&Bs[stage][k_local + 1][n_local], (valid ? b_row + row + 55296 : w) + 1, valid);
+                convgen_copy4(&Bs[stage][k_local + 2][n_local], (valid ? b_row + row + 55296 : w) + 2, valid);
+                convgen_copy4(&Bs[stage][k_local + 3][n_local], (valid ? b_row + row + 55296 : w) + 3, valid);
             }
         }
         {
@@ -356,10 +353,10 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[2] + row : 0) + 0, valid);
-                convgen_copy4(&Bs[stage][k_local + 1][n_local], w + (valid ? b_base[2] + row : 0) + 1, valid);
-                convgen_copy4(&Bs[stage][k_local + 2][n_local], w + (valid ? b_base[2] + row : 0) + 2, valid);
-                convgen_copy4(&Bs[stage][k_local + 3][n_local], w + (valid ? b_base[2] + row : 0) + 3, valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 110592 : w) + 0, valid);
+                convgen_copy4(&Bs[stage][k_local + 1][n_local], (valid ? b_row + row + 110592 : w) + 1, valid);
+                convgen_copy4(&Bs[stage][k_local + 2][n_local], (valid ? b_row + row + 110592 : w) + 2, valid);
+                convgen_copy4(&Bs[stage][k_local + 3][n_local], (valid ? b_row + row + 110592 : w) + 3, valid);
             }
         }
         {
@@ -368,10 +365,10 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
             {
                 const idx_t row = (idx_t)kt * 16 + k_local;
                 const bool valid = true;
-                convgen_copy4(&Bs[stage][k_local + 0][n_local], w + (valid ? b_base[3] + row : 0) + 0, valid);
-                convgen_copy4(&Bs[stage][k_local + 1][n_local], w + (valid ? b_base[3] + row : 0) + 1, valid);
-                convgen_copy4(&Bs[stage][k_local + 2][n_local], w + (valid ? b_base[3] + row : 0) + 2, valid);
-                convgen_copy4(&Bs[stage][k_local + 3][n_local], w + (valid ? b_base[3] + row : 0) + 3, valid);
+                convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 165888 : w) + 0, valid);
+                convgen_copy4(&Bs[stage][k_local + 1][n_local], (valid ? b_row + row + 165888 : w) + 1, valid);
+                convgen_copy4(&Bs[stage][k_local + 2][n_local], (valid ? b_row + row + 165888 : w) + 2, valid);
+                convgen_copy4(&Bs[stage][k_local + 3][n_local], (valid ? b_row + row + 165888 : w) + 3, valid);
             }
         }
     };
@@ -385,14 +382,16 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
         if (s < k_count) fetch(s, k_first + s);
         convgen_commit();
     }
+    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    int stage = 0;
+    int fill_stage = 2;
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch((k_step + 2) % 3, k_first + k_step + 2);
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
+        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
-        {
-            const int stage = k_step % 3;
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[4];
@@ -413,7 +412,8 @@ convgen_implicit_gemm_precomp_99f3d96de3(const float* __restrict__ x, const floa
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        }
+        stage = stage == 2 ? 0 : stage + 1;
+        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs
