@@ -8,7 +8,9 @@ on the GPU a check of the candidate's output against an independent reference: a
 is fast and wrong never wins.
 
 Strategy (the space is hundreds to thousands of configurations; a budget allows dozens):
-1. the heuristic's configuration first, so the result is never worse than the default;
+1. the heuristic's configuration first, so the result is never worse than the default, then the
+   family's seeds (``Family.tuning_seeds``: shapes known to win elsewhere, as CUTLASS's profiler
+   runs its fixed list of kernel instances);
 2. if the space fits ``max_configs``, all of it (exhaustive); otherwise a seeded random sample
    of half the allowance, compiled in parallel threads (NVRTC releases the GIL);
 3. local refinement: the best so far is perturbed one parameter at a time to its neighbouring
@@ -213,8 +215,9 @@ def neighbours(tiles: dict, space: list[dict]) -> list[dict]:
 
 def search(space: list[dict], first: dict, evaluate: Callable[[list[dict]], list[Trial]], max_configs: int,
            deadline: float, seed: int = 0, progress: Callable[[Trial, Trial | None, int], None] | None = None,
-           clock: Callable[[], float] = time.monotonic) -> list[Trial]:
-    """Run the strategy of the module docstring; ``evaluate`` compiles and measures a batch."""
+           clock: Callable[[], float] = time.monotonic, seeds: list[dict] = ()) -> list[Trial]:
+    """Run the strategy of the module docstring; ``evaluate`` compiles and measures a batch;
+    ``seeds`` (members of the space) are measured right after ``first``."""
     trials: dict[str, Trial] = {}
 
     def run(batch: list[dict]) -> None:
@@ -231,7 +234,8 @@ def search(space: list[dict], first: dict, evaluate: Callable[[list[dict]], list
         ok = [t for t in trials.values() if t.status == "ok"]
         return min(ok, key=lambda t: t.seconds) if ok else None
 
-    run([first])
+    members = {json.dumps(c, sort_keys=True) for c in space}
+    run([first] + [c for c in seeds if json.dumps(c, sort_keys=True) in members])
     if len(space) <= max_configs:
         run([c for c in space if c != first])
     else:
@@ -347,7 +351,7 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
     evaluate = evaluate or gpu_evaluator(family, spec)
     bar = ProgressBar(min(max_configs, len(space)), budget) if progress else None
     trials = search(space, first, evaluate, max_configs, started + budget, seed,
-                    bar.update if bar else None, clock)
+                    bar.update if bar else None, clock, fam.tuning_seeds(spec))
     if bar:
         bar.close()
     best = choose(trials, first)

@@ -135,6 +135,30 @@ def test_search_stops_at_the_deadline():
     assert 1 <= len(trials) <= 8 * 3
 
 
+def test_seeds_are_measured_right_after_the_heuristic_and_outside_members_are_dropped():
+    seeds = [{"a": 9, "b": 9}, {"a": 99, "b": 0}, {"a": 11, "b": 11}]
+    trials = tune.search(_fake_space(12), {"a": 0, "b": 0}, _fake_evaluator(), 40, float("inf"), seed=1, seeds=seeds)
+    assert [t.tiles for t in trials[:3]] == [{"a": 0, "b": 0}, {"a": 9, "b": 9}, {"a": 11, "b": 11}]
+    assert all(t.tiles != {"a": 99, "b": 0} for t in trials)
+
+
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+@pytest.mark.parametrize("layer, inside", [("conv8", 8), ("c3d_conv3", 8), ("conv4", 4)])
+def test_gemm_seeds_are_wide_micro_tiles_inside_the_space(family, layer, inside):
+    """conv4 has 64 output channels: the 128-wide seeds lie outside its space (search drops them)."""
+    from codegen.bench import layer_spec, load_shapes
+
+    shape = next(l for group in load_shapes().values() if isinstance(group, list) for l in group
+                 if isinstance(l, dict) and l.get("name") == layer)
+    spec = layer_spec(shape, "NCDHW" if "D" in shape else "NCHW", shape["N"])
+    fam = get_family(family)
+    members = {json.dumps(c, sort_keys=True) for c in fam.tuning_space(spec)}
+    seeds = fam.tuning_seeds(spec)
+    assert len(seeds) == 8 and sum(json.dumps(c, sort_keys=True) in members for c in seeds) == inside
+    assert {(c["thread_m"], c["thread_n"]) for c in seeds} == {(16, 8), (8, 16)}
+    assert all(get_family(family).tiles_type.from_dict(c).threads == 128 for c in seeds)
+
+
 def test_neighbours_change_one_parameter_by_one_step():
     space = _fake_space(4)
     assert sorted(map(json.dumps, tune.neighbours({"a": 1, "b": 0}, space))) == sorted(

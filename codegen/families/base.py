@@ -188,6 +188,11 @@ class Family:
         """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""
         return []
 
+    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
+        """Members of the space the tuner measures right after the heuristic, whatever the budget:
+        shapes known to win that neither sampling nor one-parameter steps reliably reach."""
+        return []
+
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> Tiles:
         """The tiles a user asked for, the rest from the heuristic."""
         return self.tiles_type.from_dict({**self.default_tiles(spec).to_dict(), **requested})

@@ -94,6 +94,10 @@ class Im2win(Family):
         chunk = batch_chunk(spec)
         return [dict(tiles, batch_chunk=chunk) for tiles in gemm.tuning_space(replace(spec, n=chunk), window_vector_ok(spec))]
 
+    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
+        chunk = batch_chunk(spec)
+        return [dict(tiles, batch_chunk=chunk) for tiles in gemm.tuning_seeds(replace(spec, n=chunk), window_vector_ok(spec))]
+
     def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
         so chunk c is the same kernels on x and y advanced by c chunks of images."""

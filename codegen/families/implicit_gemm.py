@@ -36,6 +36,9 @@ class ImplicitGemm(Family):
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return gemm.tuning_space(spec, image_vector_ok(spec))
 
+    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
+        return gemm.tuning_seeds(spec, image_vector_ok(spec))
+
     def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
         alg = self.algebra(spec)
         terms = index.gemm_terms(alg, "image")
