@@ -636,9 +636,24 @@ def gemm_terms(algebra: IndexAlgebra, source: str) -> dict:
     }
 
 
-def row_table(algebra: IndexAlgebra, terms: dict) -> list[tuple[int, ...]]:
-    """Per column-matrix row: (delta, disp_j of each checked axis) for the precomputed-offset
-    ("precomp") kernels, evaluated from the same sympy expressions the analytic kernels print."""
+TAP_MASK_BITS = 64
+"""Filters up to this many taps get per-pixel tap masks (one 64-bit word at most)."""
+
+
+def tap_mask_bits(algebra: IndexAlgebra, terms: dict) -> int:
+    """Width of the per-pixel tap mask (32 or 64), or 0 where none is used: no padded axis to
+    check, or more taps than ``TAP_MASK_BITS``.  Bit kk of a pixel's mask says whether filter tap
+    kk lands inside the image on every padded axis, so a kernel tests one bit per A element
+    instead of one range per padded axis (CUTLASS's precomputed filter-position predicates)."""
+    if not terms["a_checked"] or algebra.taps > TAP_MASK_BITS:
+        return 0
+    return 32 if algebra.taps <= 32 else 64
+
+
+def row_table(algebra: IndexAlgebra, terms: dict, tap_masks: bool = False) -> list[tuple[int, ...]]:
+    """Per column-matrix row, for the precomputed-offset ("precomp") kernels: (delta, disp_j of
+    each checked axis), or (delta, tap kk) with ``tap_masks``; evaluated from the same sympy
+    expressions the analytic kernels print."""
     rows = np.arange(algebra.rows)
     c_expr, kk_expr = algebra.row_coords
     values = {"row": rows}
@@ -646,7 +661,10 @@ def row_table(algebra: IndexAlgebra, terms: dict) -> list[tuple[int, ...]]:
     kk = evaluate(kk_expr, values)
     taps = {f"k{j}": evaluate(e, {"kk": kk}) for j, e in enumerate(algebra.tap_coords)}
     delta = evaluate(terms["a_delta"], {"c": c, **taps})
-    columns = [delta] + [taps[f"k{a['axis']}"] * algebra.spec.dilation[a["axis"]] for a in terms["a_checked"]]
+    if tap_masks:
+        columns = [delta, kk]
+    else:
+        columns = [delta] + [taps[f"k{a['axis']}"] * algebra.spec.dilation[a["axis"]] for a in terms["a_checked"]]
     return [tuple(int(v) for v in entry) for entry in zip(*columns)]
 
 

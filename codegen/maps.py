@@ -131,6 +131,8 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
         origin = _eval(terms["exprs"]["a_origin"][j], **pixel)
         coordinate = origin[:, None] + table[None, :, 1 + position]
         inside &= (coordinate >= 0) & (coordinate < check["size"])
+    if index.tap_mask_bits(alg, terms) and not np.array_equal(inside_by_tap_masks(alg, terms, pixel), inside):
+        raise AssertionError("tap masks disagree with the per-axis bounds checks")
     src = window_tensor_by_maps(alg, x) if source == "window" else np.asarray(x, dtype=np.float64)
     flat = src.reshape(-1)
     offset = base[:, None] + delta[None, :]
@@ -141,6 +143,24 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     y = np.full(int(np.prod(alg.output_shape)), np.nan)
     y[y_base[:, None] + np.arange(spec.k)[None, :] * terms["y_oc_stride"]] = product
     return y.reshape(alg.output_shape)
+
+
+def inside_by_tap_masks(alg: IndexAlgebra, terms: dict, pixel: dict) -> np.ndarray:
+    """(pixel, row) in-image flags as the tap-mask kernels form them: each pixel's mask gets bit
+    kk when tap kk lands inside on every padded axis, each row tests the bit of the tap its
+    table entry names."""
+    kk = np.arange(alg.taps)
+    taps = {f"k{j}": _eval(expr, kk=kk) for j, expr in enumerate(alg.tap_coords)}
+    mask = np.zeros(len(pixel["n"]), dtype=np.uint64)
+    inside_tap = np.ones((len(pixel["n"]), alg.taps), dtype=bool)
+    for check in terms["a_checked"]:
+        j = check["axis"]
+        coordinate = _eval(terms["exprs"]["a_origin"][j], **pixel)[:, None] + taps[f"k{j}"][None, :] * alg.spec.dilation[j]
+        inside_tap &= (coordinate >= 0) & (coordinate < check["size"])
+    for tap in range(alg.taps):
+        mask |= inside_tap[:, tap].astype(np.uint64) << np.uint64(tap)
+    row_taps = np.array(index.row_table(alg, terms, tap_masks=True), dtype=np.int64)[:, 1].astype(np.uint64)
+    return ((mask[:, None] >> row_taps[None, :]) & np.uint64(1)).astype(bool)
 
 
 def im2win_chunks_by_maps(plan, x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codegen import index
+from codegen import index, maps
 from codegen.fuzz import check_index_maps, specs
 from codegen.index import IndexAlgebra, bounds_check
 from codegen.spec import ConvSpec
@@ -159,6 +159,31 @@ def test_row_table_is_exact_where_float_division_rounds_down():
     table = index.row_table(alg, index.gemm_terms(alg, "image"))
     expected = [c * 400 + r * 20 + s for c in range(3) for r in range(7) for s in range(7)]
     assert [entry[0] for entry in table] == expected
+
+
+@pytest.mark.parametrize("filter_size, padding, bits", [((3, 3), 0, 0), ((3, 3), 1, 32), ((1, 5), (0, 2), 32),
+                                                        ((7, 7), 3, 64), ((9, 9), 4, 0)])
+def test_tap_mask_width_follows_the_taps_and_the_padding(filter_size, padding, bits):
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=2, k=1, input_size=(12, 12), filter_size=filter_size, padding=padding)
+    alg = IndexAlgebra(spec)
+    assert index.tap_mask_bits(alg, index.gemm_terms(alg, "image")) == bits
+
+
+@pytest.mark.parametrize("spec", [
+    ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=2, input_size=(9, 11), filter_size=(7, 7), padding=(3, 2), dilation=(1, 2)),
+    ConvSpec(dims=3, layout="NDHWC", n=1, c=2, k=3, input_size=(5, 6, 7), filter_size=(3, 2, 3), stride=(2, 1, 3),
+             padding=(1, 0, 2), dilation=(2, 1, 1)),
+])
+def test_tap_masks_agree_with_the_per_axis_bounds_checks(spec):
+    """Mask bits above 31 included (49 taps): gemm_by_maps raises when the two tests disagree."""
+    alg = IndexAlgebra(spec)
+    terms = index.gemm_terms(alg, "image")
+    col = np.arange(alg.cols)
+    pixel = {"n": index.evaluate(alg.col_coords[0], {"col": col})}
+    pixel.update({f"o{j}": index.evaluate(e, {"col": col}) for j, e in enumerate(alg.col_coords[1:])})
+    masked = maps.inside_by_tap_masks(alg, terms, pixel)
+    assert masked.shape == (alg.cols, alg.rows) and 0 < masked.sum() < masked.size
+    assert check_index_maps("implicit_gemm", spec, 0) is None
 
 
 @given(spec=specs(max_size=12, max_filter=7), seed=st.integers(0, 2**16))

@@ -164,8 +164,9 @@ def min_blocks(tiles: GemmTiles, loader_registers: int) -> int:
 
 
 def loader_registers(tiles: GemmTiles, a_load: dict, b_load: dict, a_vec: int, b_vec: int, checked: int) -> int:
-    """Per-thread loader state: each A row slot keeps a base and an origin per padded axis, each
-    B row slot a base; register staging also holds a whole slice."""
+    """Per-thread loader state: each A row slot keeps a base and ``checked`` words for its bounds
+    test (an origin per padded axis, or its tap mask), each B row slot a base; register staging
+    also holds a whole slice."""
     state = a_load["row_slots"] * (2 + checked) + b_load["row_slots"] * 2
     if not tiles.async_copy:
         state += (a_load["row_slots"] * a_load["group_slots"] * a_vec + b_load["row_slots"] * b_load["group_slots"] * b_vec)
@@ -278,7 +279,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
     splits, k_per_split = k_split(spec, tiles)
-    table = index.row_table(alg, terms) if tiles.precomp else []
+    mask_bits = index.tap_mask_bits(alg, terms) if tiles.precomp else 0
+    table = index.row_table(alg, terms, tap_masks=bool(mask_bits)) if tiles.precomp else []
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
     return {
@@ -290,7 +292,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
         "stages": tiles.stages, "async_copy": tiles.async_copy,
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
-        "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec, len(terms["a_checked"]))),
+        "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec,
+                                                         mask_bits // 32 if mask_bits else len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,
         "splits": splits, "k_per_split": k_per_split,
         "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
@@ -298,7 +301,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "k_tail": gemm_k % tiles.block_k != 0,
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
         "table": table + [(0,) * len(table[0])] * (k_tiles * tiles.block_k - gemm_k) if table else [],
-        "table_width": 1 + len(terms["a_checked"]),
+        "table_width": 2 if mask_bits else 1 + len(terms["a_checked"]),
+        "mask_bits": mask_bits,
         **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
         "row_coords": [index.to_c(e) for e in alg.row_coords],
     }

@@ -145,8 +145,7 @@ convgen_im2win_precomp_d37b877b99(const float* __restrict__ win, const float* __
     const idx_t m_tile = (idx_t)blockIdx.x * 128;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
-    // win (a pointer, so a table offset is one wide multiply-add away) and its origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
     idx_t a_base[1];
 #pragma unroll
     for (int s = 0; s < 1; ++s) {

@@ -447,8 +447,7 @@ convgen_implicit_gemm_precomp_7932e9b136(const float* __restrict__ x, const floa
     const idx_t m_tile = (idx_t)blockIdx.x * 128;
     const int n_tile = 0;
 
-    // Per-thread state of the A rows (output pixels) this thread loads: where the row starts in
-    // x (a pointer, so a table offset is one wide multiply-add away) and its origin.
+    // Per-thread state of the A rows (output pixels) this thread loads: base offset and origin.
     idx_t a_base[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
