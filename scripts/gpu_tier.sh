@@ -12,8 +12,8 @@
 set -u
 mode=${1:-full}
 out=${OUT:-gpu-out}
-logs=$(mktemp -d)
-mkdir -p "$out"
+logs=${LOGS:-$(mktemp -d)}  # LOGS=$OUT/logs keeps partial logs when the call runs out of time
+mkdir -p "$out" "$logs"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
 examples=${CONVGEN_GPU_EXAMPLES:-300}; [ "$mode" = quick ] && examples=30
@@ -28,10 +28,10 @@ step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and
     summary+=("$(printf '%-30s rc=%-3s %5ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(tail -n 1 "$logs/$log" | cut -c1-100)")")
     return $rc
 }
-gpu_tests() {  # each GPU test in its own process, 6 at a time: NVRTC compiles per example dominate
+gpu_tests() {  # each GPU test in its own process, $JOBS (default 6) at a time: NVRTC compiles per example dominate
     python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu.py \
         | grep '::' >"$logs/gpu-ids.txt"
-    xargs -P 6 -I{} sh -c 'timeout '"${TEST_TIMEOUT:-420}"' python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
+    xargs -P "${JOBS:-6}" -I{} sh -c 'timeout '"${TEST_TIMEOUT:-420}"' python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
         >"$2/gpu-$(echo "$1" | tr -c "A-Za-z0-9_\n" "_").log" 2>&1' _ {} "$logs" <"$logs/gpu-ids.txt"
     local passed failed timed_out
     passed=$(cat "$logs"/gpu-tests_*.log | grep -o -E '^[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
