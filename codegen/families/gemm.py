@@ -17,6 +17,9 @@ Both operands sit in shared memory as k-slices of contiguous rows ([block_k][blo
 CUTLASS's SIMT kernels: a thread owns groups of four adjacent pixels and channels, so one float4
 read gives a fragment group for one k-step (16 registers of fragments for an 8x8 micro-tile), and
 the +4 pad puts the k-slices written by k-major loaders on different banks.
+Padding is tested per A element by one bit of a per-pixel tap mask (``index.tap_mask_bits``)
+where the table is used and the filter has at most 64 taps, by a range test per padded axis
+otherwise.
 """
 from __future__ import annotations
 
@@ -81,7 +84,8 @@ class GemmTiles(Tiles):
         TileParam("vector_smem", "float4 fragment reads from shared memory (four adjacent pixels or channels per read)",
                   choices=(True, False)),
         TileParam("precomp", "read each column-matrix row's offset from a precomputed table (cuDNN's "
-                  "'precomp') instead of dividing it out in the kernel", choices=(True, False)),
+                  "'precomp') instead of dividing it out in the kernel; with padding and at most 64 taps the "
+                  "table also names the row's tap, tested against per-pixel tap masks", choices=(True, False)),
         TileParam("split_k", "CTAs that share one output tile's K range (CUTLASS's split-K), summing their "
                   "partial tiles into the zeroed output with atomic adds: more CTAs where the output has "
                   "few tiles and K is long", minimum=1, maximum=16),
