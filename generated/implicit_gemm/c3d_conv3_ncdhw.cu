@@ -777,8 +777,7 @@ convgen_implicit_gemm_precomp_e21bb59e8b(const float* __restrict__ x, const floa
     for (int k_step = 0; k_step < k_count; ++k_step) {
         convgen_wait<1>();
         __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration, after the first
-        // k-step: the loader's table reads and address arithmetic then overlap the multiplies.
+        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
         if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
         convgen_commit();
 #pragma unroll
