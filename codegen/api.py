@@ -39,9 +39,10 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> Kern
 
 
 def _tuned_or_default(fam, spec: ConvSpec) -> Tiles:
-    """The tuned configuration recorded for this GPU and version when there is one (and it still
-    plans), else the heuristic; a database problem never stops a build.  A record is used as it
-    was measured: a field added since (split_k) takes its declared default, not the heuristic's."""
+    """The tuned configuration recorded for this GPU and version when there is one (it still
+    plans and renders to the kernel code that was timed), else the heuristic; a database problem
+    never stops a build.  A record is used as it was measured: a field added since (split_k) takes
+    its declared default, not the heuristic's."""
     from codegen.tune import tuned_tiles
 
     try:

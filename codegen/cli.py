@@ -227,8 +227,13 @@ def cmd_tune(args) -> int:
         for entry in entries.values():
             spec = ConvSpec.from_dict(entry["spec"])
             base = f", heuristic {entry['heuristic_ms']:.3f} ms" if entry.get("heuristic_ms") else ""
+            try:
+                current = entry.get("kernel") == tune.kernel_fingerprint(entry["family"], spec, entry["tiles"])
+            except (SpecError, TypeError, ValueError):
+                current = False
+            state = "" if current else " [stale: timed other kernel code, not used; tune again]"
             print(f"{entry['family']:13} {spec.describe()}\n    {entry['gpu']} {entry['arch']} convgen "
-                  f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}\n    "
+                  f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}{state}\n    "
                   + " ".join(f"{k}={v}" for k, v in entry["tiles"].items()))
         return 0
     if args.export:
@@ -354,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tune", help="autotune a family's tiles for a spec on this GPU and record the winner",
         description="Search the family's tile space (limits and the compiler's resource report prune it "
         "first), check every candidate against a reference, time it with CUDA events and record the fastest "
-        "in the tuning database, which build() then uses for this spec, GPU and convgen version.",
+        "in the tuning database, which build() then uses for this spec, GPU and convgen version as long as the kernel code it timed is unchanged (a template edit retires the record).",
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
         "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)",

@@ -19,13 +19,21 @@ Strategy (the space is hundreds to thousands of configurations; a budget allows 
 4. the winner must beat the heuristic by ``SIGNIFICANT`` (2%), else the heuristic is kept.
 Timing: CUDA events, warm-up, median of repeats, inputs rotated through enough copies to defeat
 the 50 MB L2 so that caches do not flatter small layers.
+
+A record is only as good as the code it timed: each carries a fingerprint of the kernel code its
+tiles rendered to (``kernel_fingerprint``), and a record whose code has changed since (a template
+edit, or a record without one) is not used; ``build`` warns once and takes the heuristic, as
+Triton's autotuning cache is keyed by the kernel's source.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -130,8 +138,19 @@ class TuningDB:
         self._entries, self._stamp = entries, self.path.stat().st_mtime
 
     def lookup(self, family: str, spec: ConvSpec, device: tuple[str, str]) -> dict | None:
-        entry = self.entries().get(entry_key(family, spec, device))
-        return dict(entry["tiles"]) if entry else None
+        """The recorded tiles, unless the code they render to is not the code that was timed."""
+        key = entry_key(family, spec, device)
+        entry = self.entries().get(key)
+        if not entry:
+            return None
+        if entry.get("kernel") != kernel_fingerprint(family, spec, entry["tiles"]):
+            if key not in _WARNED_STALE:
+                _WARNED_STALE.add(key)
+                warnings.warn(f"convgen: the tuned record for {family} {spec.describe()} in {self.path} timed "
+                              "other kernel code (the templates changed since, or the record predates "
+                              "fingerprints); using the heuristic until `convgen tune` runs again", stacklevel=3)
+            return None
+        return dict(entry["tiles"])
 
     def record(self, family: str, spec: ConvSpec, device: tuple[str, str], tiles: dict, **facts: Any) -> None:
         entries = dict(self.entries())
@@ -159,6 +178,26 @@ class TuningDB:
             raise SpecError("--import", str(path), f"is not a convgen tuning database ({err})") from None
         self._write({**self.entries(), **incoming})
         return len(incoming)
+
+
+_WARNED_STALE: set[str] = set()
+
+
+def kernel_fingerprint(family: str, spec: ConvSpec, tiles: dict) -> str:
+    """sha256 (16 hex digits) of the kernel code ``tiles`` render to for ``spec``, comments and
+    blank lines left out, so that a reworded comment keeps a record and any code change retires it."""
+    return _fingerprint(family, spec, json.dumps(tiles, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(family: str, spec: ConvSpec, tiles_json: str) -> str:
+    """Rendering takes ~0.1 s; a process asks again for every build of a tuned spec."""
+    from codegen.api import plan
+    from codegen.render import render_kernels
+
+    code = render_kernels(plan(family, spec, json.loads(tiles_json))).code
+    lines = (re.sub(r"//.*$", "", line).rstrip() for line in code.splitlines())
+    return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()[:16]
 
 
 _DEVICE: list = []
@@ -362,7 +401,8 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
         if device is not None:
             (db or TuningDB()).record(family, spec, device, best.tiles, ms=best.seconds * 1e3,
                                       heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok"
-                                      else None, tried=len(trials), space=len(space))
+                                      else None, tried=len(trials), space=len(space),
+                                      kernel=kernel_fingerprint(family, spec, best.tiles))
     return result
 
 

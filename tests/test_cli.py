@@ -155,12 +155,17 @@ def test_tune_show_export_import(tmp_path, capsys):
 
     db_path = tmp_path / "tuning.json"
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=4, input_size=(8, 8), filter_size=3)
-    tune.TuningDB(db_path).record("implicit_gemm", spec, ("NVIDIA H100 80GB HBM3", "sm_90"), {"stages": 2}, ms=1.0)
+    device = ("NVIDIA H100 80GB HBM3", "sm_90")
+    tune.TuningDB(db_path).record("implicit_gemm", spec, device, {"stages": 2}, ms=1.0,
+                                  kernel=tune.kernel_fingerprint("implicit_gemm", spec, {"stages": 2}))
+    tune.TuningDB(db_path).record("im2win", spec, device, {"stages": 2}, ms=1.0)
     assert main(["tune", "--show", "--db", str(db_path)]) == 0
-    assert "implicit_gemm" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "implicit_gemm" in shown and shown.count("[stale: timed other kernel code") == 1
+    assert shown.index("[stale") > shown.index("im2win")
     assert main(["tune", "--export", str(tmp_path / "out.json"), "--db", str(db_path)]) == 0
     assert main(["tune", "--import", str(tmp_path / "out.json"), "--db", str(tmp_path / "other.json")]) == 0
-    assert "merged 1 entries" in capsys.readouterr().out
+    assert "merged 2 entries" in capsys.readouterr().out
 
 
 def test_tune_without_a_gpu_says_so(capsys):

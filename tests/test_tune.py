@@ -1,7 +1,9 @@
 """The tuner without a GPU: the search space and its limits, the database (round trip, keying,
 atomic writes, corrupt files) and the search strategy with a fake timer."""
+import dataclasses
 import json
 import os
+import warnings
 
 import pytest
 
@@ -33,7 +35,7 @@ def test_space_respects_every_declared_limit(family):
 def test_database_round_trip_and_keying(tmp_path):
     db = tune.TuningDB(tmp_path / "tuning.json")
     tiles = {"block_m": 64, "block_n": 64}
-    db.record("implicit_gemm", SPEC, DEVICE, tiles, ms=1.5)
+    db.record("implicit_gemm", SPEC, DEVICE, tiles, ms=1.5, kernel=tune.kernel_fingerprint("implicit_gemm", SPEC, tiles))
     fresh = tune.TuningDB(tmp_path / "tuning.json")
     assert fresh.lookup("implicit_gemm", SPEC, DEVICE) == tiles
     assert fresh.lookup("implicit_gemm", SPEC, ("NVIDIA A100-SXM4-80GB", "sm_80")) is None
@@ -47,7 +49,7 @@ def test_database_round_trip_and_keying(tmp_path):
 
 def test_database_export_and_import(tmp_path):
     first = tune.TuningDB(tmp_path / "a.json")
-    first.record("im2win", SPEC, DEVICE, {"stages": 2})
+    first.record("im2win", SPEC, DEVICE, {"stages": 2}, kernel=tune.kernel_fingerprint("im2win", SPEC, {"stages": 2}))
     assert first.export(tmp_path / "moved.json") == 1
     second = tune.TuningDB(tmp_path / "b.json")
     assert second.import_(tmp_path / "moved.json") == 1
@@ -87,10 +89,50 @@ def test_build_uses_the_tuned_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
     monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
     tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
-    tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned)
+    tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned,
+                           kernel=tune.kernel_fingerprint("implicit_gemm", SPEC, tuned))
     assert plan("implicit_gemm", SPEC).tiles.to_dict() == tuned
     monkeypatch.setattr(tune, "current_device", lambda: ("another GPU", "sm_90"))
     assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
+
+
+@pytest.mark.parametrize("kernel", ["0123456789abcdef", None])
+def test_a_record_that_timed_other_kernel_code_is_not_used(tmp_path, monkeypatch, kernel):
+    """A template edit since the record (another fingerprint), or a record without one: the
+    heuristic is used and the user is told once."""
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tune, "_WARNED_STALE", set())
+    tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
+    tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned, **({"kernel": kernel} if kernel else {}))
+    with pytest.warns(UserWarning, match="timed other kernel code"):
+        assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
+
+
+def test_kernel_fingerprint_ignores_comments_and_sees_code(monkeypatch):
+    from codegen import render
+
+    tiles = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
+    original = tune.kernel_fingerprint("implicit_gemm", SPEC, tiles)
+    assert original != tune.kernel_fingerprint("implicit_gemm", SPEC, dict(tiles, stages=2))
+    real = render.render_kernels
+
+    def edited(change):
+        def render_kernels(plan):
+            source = real(plan)
+            return dataclasses.replace(source, code=change(source.code))
+        return render_kernels
+
+    monkeypatch.setattr(render, "render_kernels", edited(lambda code: "// reworded\n\n" + code.replace("//", "// now ")))
+    tune._fingerprint.cache_clear()
+    assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) == original
+    monkeypatch.setattr(render, "render_kernels", edited(lambda code: code.replace("fmaf(", "__fmaf_rn(", 1)))
+    tune._fingerprint.cache_clear()
+    assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) != original
+    tune._fingerprint.cache_clear()
 
 
 def _fake_space(size):
