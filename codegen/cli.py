@@ -359,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tune", help="autotune a family's tiles for a spec on this GPU and record the winner",
         description="Search the family's tile space (limits and the compiler's resource report prune it "
         "first), check every candidate against a reference, time it with CUDA events and record the fastest "
-        "in the tuning database, which build() then uses for this spec, GPU and convgen version as long as the kernel code it timed is unchanged (a template edit retires the record).",
+        "in the tuning database, which build() then uses for this spec, GPU and convgen version as long as the "
+        "kernel code it timed is unchanged (a template edit retires the record).",
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
         "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)",
