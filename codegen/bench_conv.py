@@ -31,8 +31,7 @@ def extra_bytes(plan) -> int:
     """Device memory a plan needs beyond inputs and output: workspaces plus the precomputed row
     table baked into the module."""
     table = plan.context.get("table") or []
-    width = plan.context.get("table_width", 1)
-    return plan.workspace_bytes + len(table) * (4 if width == 1 else 16)
+    return plan.workspace_bytes + len(table) * 4 * plan.context.get("table_slots", 1)
 
 
 def _cudnn_extra_bytes(run, output_bytes: int) -> int:

@@ -284,6 +284,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     k_tiles = -(-gemm_k // tiles.block_k)
     splits, k_per_split = k_split(spec, tiles)
     mask_bits = index.tap_mask_bits(alg, terms) if tiles.precomp else 0
+    table_width = 2 if mask_bits else 1 + len(terms["a_checked"])  # ints per row, stored as int, int2 or int4
     table = index.row_table(alg, terms, tap_masks=bool(mask_bits)) if tiles.precomp else []
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
@@ -305,7 +306,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "k_tail": gemm_k % tiles.block_k != 0,
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
         "table": table + [(0,) * len(table[0])] * (k_tiles * tiles.block_k - gemm_k) if table else [],
-        "table_width": 2 if mask_bits else 1 + len(terms["a_checked"]),
+        "table_width": table_width,
+        "table_slots": 1 if table_width == 1 else 2 if table_width == 2 else 4,
         "mask_bits": mask_bits,
         **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
         "row_coords": [index.to_c(e) for e in alg.row_coords],
