@@ -228,7 +228,7 @@ def cmd_tune(args) -> int:
             spec = ConvSpec.from_dict(entry["spec"])
             base = f", heuristic {entry['heuristic_ms']:.3f} ms" if entry.get("heuristic_ms") else ""
             try:
-                current = entry.get("kernel") == tune.kernel_fingerprint(entry["family"], spec, entry["tiles"])
+                current = tune.timed_this_code(entry, entry["family"], spec)
             except (SpecError, TypeError, ValueError):
                 current = False
             state = "" if current else " [stale: timed other kernel code, not used; tune again]"

@@ -143,7 +143,7 @@ class TuningDB:
         entry = self.entries().get(key)
         if not entry:
             return None
-        if entry.get("kernel") != kernel_fingerprint(family, spec, entry["tiles"]):
+        if not timed_this_code(entry, family, spec):
             if key not in _WARNED_STALE:
                 _WARNED_STALE.add(key)
                 warnings.warn(f"convgen: the tuned record for {family} {spec.describe()} in {self.path} timed "
@@ -181,6 +181,11 @@ class TuningDB:
 
 
 _WARNED_STALE: set[str] = set()
+
+
+def timed_this_code(entry: dict, family: str, spec: ConvSpec) -> bool:
+    """Whether a record's tiles still render to the kernel code it timed (its fingerprint)."""
+    return entry.get("kernel") == kernel_fingerprint(family, spec, entry["tiles"])
 
 
 def kernel_fingerprint(family: str, spec: ConvSpec, tiles: dict) -> str:

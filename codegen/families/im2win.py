@@ -54,6 +54,13 @@ def batch_chunk(spec: ConvSpec) -> int:
     return largest_batch_chunk(spec.n, per_image, WINDOW_BUDGET)
 
 
+def _per_chunk(spec: ConvSpec, gemm_configs) -> list[dict]:
+    """The GEMM core's configurations (``gemm.tuning_space`` or ``gemm.tuning_seeds``) for one
+    heuristic batch chunk's GEMM, each with that chunk."""
+    chunk = batch_chunk(spec)
+    return [dict(tiles, batch_chunk=chunk) for tiles in gemm_configs(replace(spec, n=chunk), window_vector_ok(spec))]
+
+
 def window_vector_ok(spec: ConvSpec) -> bool:
     """The im2win tensor is channel-dense, so channels-last A rows vectorise when C is a multiple of 4."""
     return spec.layout.channels_last and spec.c % 4 == 0
@@ -91,12 +98,10 @@ class Im2win(Family):
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        chunk = batch_chunk(spec)
-        return [dict(tiles, batch_chunk=chunk) for tiles in gemm.tuning_space(replace(spec, n=chunk), window_vector_ok(spec))]
+        return _per_chunk(spec, gemm.tuning_space)
 
     def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
-        chunk = batch_chunk(spec)
-        return [dict(tiles, batch_chunk=chunk) for tiles in gemm.tuning_seeds(replace(spec, n=chunk), window_vector_ok(spec))]
+        return _per_chunk(spec, gemm.tuning_seeds)
 
     def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
