@@ -636,6 +636,15 @@ def gemm_terms(algebra: IndexAlgebra, source: str) -> dict:
     }
 
 
+def unselected_addresses_inside(algebra: IndexAlgebra, terms: dict) -> bool:
+    """Whether A's address base(pixel) + delta(row) lies inside its source for every pixel and
+    row, and base(pixel) alone too (delta 0, the precomputed table's rows past K): true when no
+    axis is padded, since the output size keeps every tap of every pixel inside.  A kernel then
+    forms the address of an element it does not load (a row past K, a pixel past M) without a
+    select; on a padded axis a tap can fall outside the source."""
+    return not terms["a_checked"]
+
+
 TAP_MASK_BITS = 64
 """Filters up to this many taps get per-pixel tap masks (one 64-bit word at most)."""
 

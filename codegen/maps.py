@@ -108,7 +108,8 @@ def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
 def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -> np.ndarray:
     """The implicit GEMM as its kernels form it: A(m, row) from a per-pixel base plus a per-row
     delta (both the precomputed table and the printed expression, which must agree), zero where a
-    padded axis leaves the image, times B = the filter, scattered by the epilogue's offsets."""
+    padded axis leaves the image, times B = the filter, scattered by the epilogue's offsets.  Where
+    the kernels form addresses without a select, every address they can form must lie inside."""
     spec = alg.spec
     terms = index.gemm_terms(alg, source)
     table = np.array(index.row_table(alg, terms), dtype=np.int64).reshape(alg.rows, -1)
@@ -136,6 +137,10 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     src = window_tensor_by_maps(alg, x) if source == "window" else np.asarray(x, dtype=np.float64)
     flat = src.reshape(-1)
     offset = base[:, None] + delta[None, :]
+    if index.unselected_addresses_inside(alg, terms):
+        formed = np.concatenate([offset.ravel(), base])
+        if formed.min() < 0 or formed.max() >= flat.size:
+            raise AssertionError("an A address formed without a select leaves its source")
     a = np.where(inside, flat[np.where(inside, offset, 0)], 0.0)
     b = np.asarray(w, dtype=np.float64).reshape(spec.k, alg.rows).T
     product = a @ b

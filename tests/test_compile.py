@@ -1,4 +1,5 @@
 """NVRTC compilation (no GPU needed) and the hash-keyed cache."""
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -238,3 +239,41 @@ def test_compile_errors_carry_the_nvrtc_log():
     with pytest.raises(CompileError, match="identifier \"undefined_name\" is undefined"):
         compile_source("extern \"C\" __global__ void k() { undefined_name = 1; }", arch="sm_90",
                        cache=KernelCache(None))
+
+
+@pytest.mark.parametrize("tiles", [
+    {"block_m": 128, "block_n": 96, "block_k": 16, "warp_m": 64, "warp_n": 32, "thread_m": 8, "thread_n": 8},
+    {"block_m": 64, "block_n": 32, "block_k": 8, "warp_m": 32, "warp_n": 16, "thread_m": 4, "thread_n": 4},
+])
+def test_gemm_loader_tests_only_the_slots_that_can_pass_the_tile(tiles):
+    """Every element of a k-slice's A and B tiles is copied exactly once, and a copy is guarded
+    exactly when some thread's slot would fall past the tile (``guard_from`` on).  The first
+    tiles (192 threads, 128 pixels) load A along k and guard only the last pixel slot."""
+    from codegen.families.gemm import GemmTiles, _loader
+    from codegen.spec import SpecError
+
+    full = GemmTiles(**{**GemmTiles().to_dict(), **tiles})
+    threads = full.threads
+    for rows, m_fastest in ((full.block_m, False), (full.block_m, True), (full.block_n, False)):
+        try:
+            load = _loader(rows, full.block_k, threads, m_fastest, "tiles.block_m", full)
+        except SpecError:
+            continue
+        across = load["row_threads"] if load["m_fastest"] else load["group_threads"]
+        copied = []
+        for tid, r, s in itertools.product(range(threads), range(load["group_slots"]), range(load["row_slots"])):
+            if load["m_fastest"]:
+                row, group = tid % across + s * across, tid // across + r * load["group_threads"]
+                past, guarded = group >= full.block_k, load["guard_groups"] and r >= load["guard_from"]
+            else:
+                row, group = tid // across + s * load["row_threads"], tid % across + r * across
+                past, guarded = row >= rows, load["guard_rows"] and s >= load["guard_from"]
+            assert guarded or not past, (tid, r, s)
+            if not past:
+                copied.append((row, group))
+        assert sorted(copied) == sorted(itertools.product(range(rows), range(full.block_k)))
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=96, input_size=(23, 23), filter_size=(11, 11), stride=4)
+    code = render_kernels(plan("implicit_gemm", spec, tiles)).code
+    fetch = code[code.index("auto fetch"):code.index("};", code.index("auto fetch"))]
+    assert fetch.count(f"< {full.block_m})") == (1 if threads == 192 else 0)
+    assert "(valid ? a_base" not in fetch

@@ -280,3 +280,25 @@ def test_cancellation_is_below_one_on_ordinary_outputs_and_above_where_they_canc
     cancelling = ConvSpec(dims=2, layout="NCHW", n=1, c=11, k=1, input_size=(5, 5), filter_size=(6, 6),
                           padding=(3, 1), dilation=(2, 1))
     assert cancellation("im2win", cancelling, 25833) > 2
+
+
+def test_unselected_addresses_are_inside_only_without_padding():
+    """The rule that lets GEMM kernels drop the pointer select: without padding every base + delta
+    (and base alone, the table's rows past K) is inside the image; with padding some are not."""
+    def formed(spec):
+        alg = IndexAlgebra(spec)
+        terms = index.gemm_terms(alg, "image")
+        delta = np.array([entry[0] for entry in index.row_table(alg, terms)])
+        col = np.arange(alg.cols)
+        pixel = {"n": index.evaluate(alg.col_coords[0], {"col": col})}
+        pixel.update({f"o{j}": index.evaluate(e, {"col": col}) for j, e in enumerate(alg.col_coords[1:])})
+        base = index.evaluate(terms["exprs"]["a_base"], pixel)
+        offsets = np.concatenate([(base[:, None] + delta[None, :]).ravel(), base])
+        return index.unselected_addresses_inside(alg, terms), offsets.min(), offsets.max(), alg.image_elements
+
+    unpadded = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=1, input_size=(23, 23), filter_size=(11, 11), stride=4)
+    inside, low, high, size = formed(unpadded)
+    assert inside and low >= 0 and high < size
+    padded = ConvSpec.from_dict({**unpadded.to_dict(), "padding": (2, 0)})
+    inside, low, high, size = formed(padded)
+    assert not inside and low < 0

@@ -100,7 +100,8 @@ def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, t
     """How ``threads`` share a rows x groups tile (groups: k-slices of 1 or 4 floats): thread t
     takes row t % across (m_fastest) or group t % across, then strides by the threads along the
     other axis.  Only splits where every thread keeps the same rows across slots are allowed, so
-    per-row address state is computed once per thread."""
+    per-row address state is computed once per thread.  ``guard_from``: the first slot along the
+    strided axis that some thread would take past the tile (the slots before it need no test)."""
     first, second = (rows, groups) if m_fastest else (groups, rows)
     if threads % first == 0:
         across, along, first_slots = first, threads // first, 1
@@ -112,11 +113,14 @@ def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, t
         raise SpecError(field, getattr(tiles, field.split(".")[-1]),
                         f"{threads} threads cannot share a {rows}x{groups} load tile evenly: the tile's "
                         f"{'rows' if m_fastest else 'k-groups'} ({first}) must divide or be a multiple of the thread count")
+    guard_from = second // along if guard else second_slots
     if m_fastest:
         return {"row_threads": across, "group_threads": along, "row_slots": first_slots,
-                "group_slots": second_slots, "guard_rows": False, "guard_groups": guard, "m_fastest": True}
+                "group_slots": second_slots, "guard_rows": False, "guard_groups": guard, "m_fastest": True,
+                "guard_from": guard_from}
     return {"row_threads": along, "group_threads": across, "row_slots": second_slots,
-            "group_slots": first_slots, "guard_rows": guard, "guard_groups": False, "m_fastest": False}
+            "group_slots": first_slots, "guard_rows": guard, "guard_groups": False, "m_fastest": False,
+            "guard_from": guard_from}
 
 
 def check_geometry(tiles: GemmTiles) -> None:
@@ -304,6 +308,9 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
         "k_tail": gemm_k % tiles.block_k != 0,
+        # Computed offsets (no table) of rows past K point past the image, so they keep the select too.
+        "a_select": not index.unselected_addresses_inside(alg, terms) or (gemm_k % tiles.block_k != 0
+                                                                           and not tiles.precomp),
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
         "table": table + [(0,) * len(table[0])] * (k_tiles * tiles.block_k - gemm_k) if table else [],
         "table_width": table_width,

@@ -322,67 +322,75 @@ convgen_im2win_precomp_61c934f252(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128));
+            const int k_local = ((tid / 128));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 1 * 2);
+            const int k_local = ((tid / 128) + 1 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 2 * 2);
+            const int k_local = ((tid / 128) + 2 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 3 * 2);
+            const int k_local = ((tid / 128) + 3 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 4 * 2);
+            const int k_local = ((tid / 128) + 4 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 5 * 2);
+            const int k_local = ((tid / 128) + 5 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 6 * 2);
+            const int k_local = ((tid / 128) + 6 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 7 * 2);
+            const int k_local = ((tid / 128) + 7 * 2);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_61c934f252_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
         {

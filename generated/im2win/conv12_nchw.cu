@@ -678,131 +678,147 @@ convgen_im2win_precomp_a6db34a55f(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64));
+            const int k_local = ((tid / 64));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 1 * 1);
+            const int k_local = ((tid / 64) + 1 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 2 * 1);
+            const int k_local = ((tid / 64) + 2 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 3 * 1);
+            const int k_local = ((tid / 64) + 3 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 4 * 1);
+            const int k_local = ((tid / 64) + 4 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 5 * 1);
+            const int k_local = ((tid / 64) + 5 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 6 * 1);
+            const int k_local = ((tid / 64) + 6 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 7 * 1);
+            const int k_local = ((tid / 64) + 7 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 8 * 1);
+            const int k_local = ((tid / 64) + 8 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 9 * 1);
+            const int k_local = ((tid / 64) + 9 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 10 * 1);
+            const int k_local = ((tid / 64) + 10 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 11 * 1);
+            const int k_local = ((tid / 64) + 11 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 12 * 1);
+            const int k_local = ((tid / 64) + 12 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 13 * 1);
+            const int k_local = ((tid / 64) + 13 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 14 * 1);
+            const int k_local = ((tid / 64) + 14 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 64) + 15 * 1);
+            const int k_local = ((tid / 64) + 15 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_a6db34a55f_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 64)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 64)], win + (a_base[0] + delta), valid);
             }
         }
         {

@@ -321,35 +321,39 @@ convgen_im2win_precomp_f2805be993(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32));
+            const int k_local = ((tid / 32));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_f2805be993_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 1 * 4);
+            const int k_local = ((tid / 32) + 1 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_f2805be993_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 2 * 4);
+            const int k_local = ((tid / 32) + 2 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_f2805be993_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 3 * 4);
+            const int k_local = ((tid / 32) + 3 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_f2805be993_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], win + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
             }
         }
         {

@@ -371,131 +371,147 @@ convgen_implicit_gemm_precomp_e81e9340bc(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128));
+            const int k_local = ((tid / 128));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 1 * 1);
+            const int k_local = ((tid / 128) + 1 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 2 * 1);
+            const int k_local = ((tid / 128) + 2 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 3 * 1);
+            const int k_local = ((tid / 128) + 3 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 4 * 1);
+            const int k_local = ((tid / 128) + 4 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 5 * 1);
+            const int k_local = ((tid / 128) + 5 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 6 * 1);
+            const int k_local = ((tid / 128) + 6 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 7 * 1);
+            const int k_local = ((tid / 128) + 7 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 8 * 1);
+            const int k_local = ((tid / 128) + 8 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 9 * 1);
+            const int k_local = ((tid / 128) + 9 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 10 * 1);
+            const int k_local = ((tid / 128) + 10 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 11 * 1);
+            const int k_local = ((tid / 128) + 11 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 12 * 1);
+            const int k_local = ((tid / 128) + 12 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 13 * 1);
+            const int k_local = ((tid / 128) + 13 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 14 * 1);
+            const int k_local = ((tid / 128) + 14 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 128) + 15 * 1);
+            const int k_local = ((tid / 128) + 15 * 1);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e81e9340bc_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
         {

@@ -372,35 +372,36 @@ convgen_implicit_gemm_precomp_bae188a351(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + 4 * ((tid % 4));
+            const int k_local = 4 * ((tid % 4));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_bae188a351_rows[row];
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 4)], x + (valid ? a_base[0] + delta : 0) + 0, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 1][(tid / 4)], x + (valid ? a_base[0] + delta : 0) + 1, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 2][(tid / 4)], x + (valid ? a_base[0] + delta : 0) + 2, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 3][(tid / 4)], x + (valid ? a_base[0] + delta : 0) + 3, valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 4)], x + (a_base[0] + delta) + 0, valid);
+                convgen_copy4(&As[stage][k_local + 1][(tid / 4)], x + (a_base[0] + delta) + 1, valid);
+                convgen_copy4(&As[stage][k_local + 2][(tid / 4)], x + (a_base[0] + delta) + 2, valid);
+                convgen_copy4(&As[stage][k_local + 3][(tid / 4)], x + (a_base[0] + delta) + 3, valid);
             }
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 4) + 1 * 32], x + (valid ? a_base[1] + delta : 0) + 0, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 1][(tid / 4) + 1 * 32], x + (valid ? a_base[1] + delta : 0) + 1, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 2][(tid / 4) + 1 * 32], x + (valid ? a_base[1] + delta : 0) + 2, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 3][(tid / 4) + 1 * 32], x + (valid ? a_base[1] + delta : 0) + 3, valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 4) + 1 * 32], x + (a_base[1] + delta) + 0, valid);
+                convgen_copy4(&As[stage][k_local + 1][(tid / 4) + 1 * 32], x + (a_base[1] + delta) + 1, valid);
+                convgen_copy4(&As[stage][k_local + 2][(tid / 4) + 1 * 32], x + (a_base[1] + delta) + 2, valid);
+                convgen_copy4(&As[stage][k_local + 3][(tid / 4) + 1 * 32], x + (a_base[1] + delta) + 3, valid);
             }
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 4) + 2 * 32], x + (valid ? a_base[2] + delta : 0) + 0, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 1][(tid / 4) + 2 * 32], x + (valid ? a_base[2] + delta : 0) + 1, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 2][(tid / 4) + 2 * 32], x + (valid ? a_base[2] + delta : 0) + 2, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 3][(tid / 4) + 2 * 32], x + (valid ? a_base[2] + delta : 0) + 3, valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 4) + 2 * 32], x + (a_base[2] + delta) + 0, valid);
+                convgen_copy4(&As[stage][k_local + 1][(tid / 4) + 2 * 32], x + (a_base[2] + delta) + 1, valid);
+                convgen_copy4(&As[stage][k_local + 2][(tid / 4) + 2 * 32], x + (a_base[2] + delta) + 2, valid);
+                convgen_copy4(&As[stage][k_local + 3][(tid / 4) + 2 * 32], x + (a_base[2] + delta) + 3, valid);
             }
             {
                 const bool valid = true;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 4) + 3 * 32], x + (valid ? a_base[3] + delta : 0) + 0, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 1][(tid / 4) + 3 * 32], x + (valid ? a_base[3] + delta : 0) + 1, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 2][(tid / 4) + 3 * 32], x + (valid ? a_base[3] + delta : 0) + 2, valid);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 3][(tid / 4) + 3 * 32], x + (valid ? a_base[3] + delta : 0) + 3, valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 4) + 3 * 32], x + (a_base[3] + delta) + 0, valid);
+                convgen_copy4(&As[stage][k_local + 1][(tid / 4) + 3 * 32], x + (a_base[3] + delta) + 1, valid);
+                convgen_copy4(&As[stage][k_local + 2][(tid / 4) + 3 * 32], x + (a_base[3] + delta) + 2, valid);
+                convgen_copy4(&As[stage][k_local + 3][(tid / 4) + 3 * 32], x + (a_base[3] + delta) + 3, valid);
             }
         }
         {

@@ -129,51 +129,52 @@ convgen_implicit_gemm_precomp_85545dc240(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid % 16));
+            const int k_local = ((tid % 16));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_85545dc240_rows[row];
-            if ((tid / 16) < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);
             }
-            if ((tid / 16) + 1 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 1 * 12], x + (valid ? a_base[1] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 1 * 12], x + (a_base[1] + delta), valid);
             }
-            if ((tid / 16) + 2 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 2 * 12], x + (valid ? a_base[2] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 2 * 12], x + (a_base[2] + delta), valid);
             }
-            if ((tid / 16) + 3 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 3 * 12], x + (valid ? a_base[3] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 3 * 12], x + (a_base[3] + delta), valid);
             }
-            if ((tid / 16) + 4 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 4 * 12], x + (valid ? a_base[4] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 4 * 12], x + (a_base[4] + delta), valid);
             }
-            if ((tid / 16) + 5 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 5 * 12], x + (valid ? a_base[5] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 5 * 12], x + (a_base[5] + delta), valid);
             }
-            if ((tid / 16) + 6 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 6 * 12], x + (valid ? a_base[6] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 6 * 12], x + (a_base[6] + delta), valid);
             }
-            if ((tid / 16) + 7 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 7 * 12], x + (valid ? a_base[7] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 7 * 12], x + (a_base[7] + delta), valid);
             }
-            if ((tid / 16) + 8 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 8 * 12], x + (valid ? a_base[8] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 8 * 12], x + (a_base[8] + delta), valid);
             }
-            if ((tid / 16) + 9 * 12 < 128) {
+            {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 9 * 12], x + (valid ? a_base[9] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 9 * 12], x + (a_base[9] + delta), valid);
             }
             if ((tid / 16) + 10 * 12 < 128) {
                 const bool valid = row < 363;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 10 * 12], x + (valid ? a_base[10] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 10 * 12], x + (a_base[10] + delta), valid);
             }
         }
         {

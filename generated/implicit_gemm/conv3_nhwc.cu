@@ -103,71 +103,72 @@ convgen_implicit_gemm_precomp_73996f5f33(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid % 16));
+            const int k_local = ((tid % 16));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_73996f5f33_rows[row];
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 1 * 8], x + (valid ? a_base[1] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 1 * 8], x + (a_base[1] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 2 * 8], x + (valid ? a_base[2] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 2 * 8], x + (a_base[2] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 3 * 8], x + (valid ? a_base[3] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 3 * 8], x + (a_base[3] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 4 * 8], x + (valid ? a_base[4] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 4 * 8], x + (a_base[4] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 5 * 8], x + (valid ? a_base[5] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 5 * 8], x + (a_base[5] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 6 * 8], x + (valid ? a_base[6] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 6 * 8], x + (a_base[6] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 7 * 8], x + (valid ? a_base[7] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 7 * 8], x + (a_base[7] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 8 * 8], x + (valid ? a_base[8] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 8 * 8], x + (a_base[8] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 9 * 8], x + (valid ? a_base[9] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 9 * 8], x + (a_base[9] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 10 * 8], x + (valid ? a_base[10] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 10 * 8], x + (a_base[10] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 11 * 8], x + (valid ? a_base[11] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 11 * 8], x + (a_base[11] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 12 * 8], x + (valid ? a_base[12] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 12 * 8], x + (a_base[12] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 13 * 8], x + (valid ? a_base[13] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 13 * 8], x + (a_base[13] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 14 * 8], x + (valid ? a_base[14] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 14 * 8], x + (a_base[14] + delta), valid);
             }
             {
                 const bool valid = row < 147;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid / 16) + 15 * 8], x + (valid ? a_base[15] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 15 * 8], x + (a_base[15] + delta), valid);
             }
         }
         {

@@ -87,67 +87,75 @@ convgen_implicit_gemm_precomp_6fa522df6a(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128));
+            const int k_local = ((tid / 128));
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 1 * 1);
+            const int k_local = ((tid / 128) + 1 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 2 * 1);
+            const int k_local = ((tid / 128) + 2 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 3 * 1);
+            const int k_local = ((tid / 128) + 3 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 4 * 1);
+            const int k_local = ((tid / 128) + 4 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 5 * 1);
+            const int k_local = ((tid / 128) + 5 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 6 * 1);
+            const int k_local = ((tid / 128) + 6 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid / 128) + 7 * 1);
+            const int k_local = ((tid / 128) + 7 * 1);
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_6fa522df6a_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid % 128)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
         {

@@ -87,39 +87,40 @@ convgen_implicit_gemm_precomp_4860515f83(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 8 + ((tid % 8));
+            const int k_local = ((tid % 8));
+            const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_4860515f83_rows[row];
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8)], x + (a_base[0] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 1 * 16], x + (valid ? a_base[1] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 1 * 16], x + (a_base[1] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 2 * 16], x + (valid ? a_base[2] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 2 * 16], x + (a_base[2] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 3 * 16], x + (valid ? a_base[3] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 3 * 16], x + (a_base[3] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 4 * 16], x + (valid ? a_base[4] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 4 * 16], x + (a_base[4] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 5 * 16], x + (valid ? a_base[5] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 5 * 16], x + (a_base[5] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 6 * 16], x + (valid ? a_base[6] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 6 * 16], x + (a_base[6] + delta), valid);
             }
             {
                 const bool valid = row < 27;
-                convgen_copy4(&As[stage][row - (idx_t)kt * 8 + 0][(tid / 8) + 7 * 16], x + (valid ? a_base[7] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 7 * 16], x + (a_base[7] + delta), valid);
             }
         }
         {

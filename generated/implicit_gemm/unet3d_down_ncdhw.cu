@@ -315,43 +315,47 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32));
+            const int k_local = ((tid / 32));
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_f7426260d2_rows[row];
             const int delta = entry.x;
             const int tap = entry.y;
             {
                 const bool valid = ((a_mask[0] >> tap) & 1u);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 1 * 4);
+            const int k_local = ((tid / 32) + 1 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_f7426260d2_rows[row];
             const int delta = entry.x;
             const int tap = entry.y;
             {
                 const bool valid = ((a_mask[0] >> tap) & 1u);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 2 * 4);
+            const int k_local = ((tid / 32) + 2 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_f7426260d2_rows[row];
             const int delta = entry.x;
             const int tap = entry.y;
             {
                 const bool valid = ((a_mask[0] >> tap) & 1u);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
             }
         }
          {
-            const idx_t row = (idx_t)kt * 16 + ((tid / 32) + 3 * 4);
+            const int k_local = ((tid / 32) + 3 * 4);
+            const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_f7426260d2_rows[row];
             const int delta = entry.x;
             const int tap = entry.y;
             {
                 const bool valid = ((a_mask[0] >> tap) & 1u);
-                convgen_copy4(&As[stage][row - (idx_t)kt * 16 + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
+                convgen_copy4(&As[stage][k_local + 0][(tid % 32)], x + (valid ? a_base[0] + delta : 0), valid);
             }
         }
         {
