@@ -242,8 +242,20 @@ def cmd_tune(args) -> int:
     if args.import_:
         print(f"merged {db.import_(args.import_)} entries into {db.path}")
         return 0
+    if args.refresh:
+        _require_gpu("convgen tune --refresh")
+        refreshed = tune.refresh(db)
+        if not refreshed:
+            print(f"no stale entries for this GPU in {db.path}")
+        for old, result in refreshed:
+            kept = "recorded tiles" if result.best and result.best.tiles == old["tiles"] else "heuristic"
+            timed = {("recorded" if t.tiles == old["tiles"] else "heuristic"):
+                     (f"{t.seconds * 1e3:.3f} ms" if t.status == "ok" else t.status) for t in result.trials}
+            print(f"{old['family']:13} {result.spec.describe()}\n    was {old.get('ms', float('nan')):.3f} ms; now "
+                  + ", ".join(f"{k} {v}" for k, v in timed.items()) + f" -> keeps the {kept}")
+        return 0
     if not args.family:
-        raise Fail("tune needs a FAMILY (or --show, --export, --import)")
+        raise Fail("tune needs a FAMILY (or --show, --export, --import, --refresh)")
     if args.tile:
         raise Fail("tune searches the tiles itself; drop --tile")
     _require_gpu("convgen tune")
@@ -363,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel code it timed is unchanged (a template edit retires the record).",
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
-        "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)",
+        "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)\n"
+        "  convgen tune --refresh   (after a template change: re-time the retired entries, seconds each)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tune_cmd.add_argument("family", nargs="?", help="implicit_gemm, im2win, im2col_gemm or direct")
     add_spec_flags(tune_cmd)
@@ -376,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune_cmd.add_argument("--show", action="store_true", help="list the database's entries and exit")
     tune_cmd.add_argument("--export", metavar="FILE", help="write the database's entries to FILE and exit")
     tune_cmd.add_argument("--import", dest="import_", metavar="FILE", help="merge FILE's entries and exit")
+    tune_cmd.add_argument("--refresh", action="store_true", help="re-time every stale entry of this GPU (a template "
+                          "edit retired it) against the heuristic, keep the faster with today's code, and exit")
     tune_cmd.set_defaults(func=cmd_tune)
 
     cache_cmd = sub.add_parser("cache", help="show or clear the on-disk kernel cache ($CONVGEN_CACHE_DIR)")

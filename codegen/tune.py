@@ -23,7 +23,8 @@ the 50 MB L2 so that caches do not flatter small layers.
 A record is only as good as the code it timed: each carries a fingerprint of the kernel code its
 tiles rendered to (``kernel_fingerprint``), and a record whose code has changed since (a template
 edit, or a record without one) is not used; ``build`` warns once and takes the heuristic, as
-Triton's autotuning cache is keyed by the kernel's source.
+Triton's autotuning cache is keyed by the kernel's source.  ``refresh`` (``convgen tune --refresh``)
+re-times such records against the heuristic instead of searching again.
 """
 from __future__ import annotations
 
@@ -382,20 +383,23 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
 
 def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 200, seed: int = 0,
          evaluate=None, db: TuningDB | None = None, record: bool = True, progress: bool = True,
-         clock: Callable[[], float] = time.monotonic) -> TuneResult:
-    """Tune ``family`` for ``spec``; record the winner in the database (when ``record``)."""
+         clock: Callable[[], float] = time.monotonic, only: list[dict] | None = None) -> TuneResult:
+    """Tune ``family`` for ``spec``; record the winner in the database (when ``record``).
+    ``only``: measure these configurations against the heuristic instead of searching."""
     from codegen.families import get_family
 
     fam = get_family(family)
-    space = fam.tuning_space(spec)
+    space = fam.tuning_space(spec) if only is None else [dict(c) for c in only]
     if not space:
         raise SpecError("family", family, "declares no tuning space")
     first = fam.default_tiles(spec).to_dict()
+    if only is not None:
+        space = [first] + [c for c in space if c != first]
     started = clock()
     evaluate = evaluate or gpu_evaluator(family, spec)
     bar = ProgressBar(min(max_configs, len(space)), budget) if progress else None
     trials = search(space, first, evaluate, max_configs, started + budget, seed,
-                    bar.update if bar else None, clock, fam.tuning_seeds(spec))
+                    bar.update if bar else None, clock, fam.tuning_seeds(spec) if only is None else [])
     if bar:
         bar.close()
     best = choose(trials, first)
@@ -409,6 +413,38 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
                                       else None, tried=len(trials), space=len(space),
                                       kernel=kernel_fingerprint(family, spec, best.tiles))
     return result
+
+
+def refresh(db: TuningDB, evaluate_for: Callable[[str, ConvSpec], Callable] | None = None,
+            progress: bool = True) -> list[tuple[dict, TuneResult]]:
+    """Re-time every stale record of this GPU and version (its tiles no longer render to the code
+    it timed): the recorded tiles against today's heuristic, recording the faster one (by
+    ``choose``) with today's fingerprint.  A template edit retires every record it touches; this
+    brings them back in a few seconds each where a new search takes its whole budget.  Returns
+    (old entry, result) per stale record; records the templates no longer accept keep the
+    heuristic."""
+    device = current_device()
+    refreshed = []
+    for entry in list(db.entries().values()):
+        if (entry["gpu"], entry["arch"]) != device or entry["version"] != __version__:
+            continue
+        family, spec = entry["family"], ConvSpec.from_dict(entry["spec"])
+        try:
+            if timed_this_code(entry, family, spec):
+                continue
+        except (SpecError, TypeError, ValueError):
+            pass
+        evaluate = evaluate_for(family, spec) if evaluate_for else None
+        result = tune(family, spec, budget=float("inf"), max_configs=2, evaluate=evaluate, record=False,
+                      progress=progress, only=[entry["tiles"]])
+        if result.best is not None:
+            heuristic = result.heuristic
+            db.record(family, spec, device, result.best.tiles, ms=result.best.seconds * 1e3,
+                      heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok" else None,
+                      tried=entry.get("tried"), space=entry.get("space"), refreshed=True,
+                      kernel=kernel_fingerprint(family, spec, result.best.tiles))
+        refreshed.append((entry, result))
+    return refreshed
 
 
 def choose(trials: list[Trial], heuristic_tiles: dict) -> Trial | None:

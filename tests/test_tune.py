@@ -214,3 +214,42 @@ def test_a_win_within_noise_keeps_the_heuristic():
     assert tune.choose(trials, heuristic).tiles == heuristic
     trials.append(tune.Trial({"a": 3, "b": 0}, 0.97, "ok"))
     assert tune.choose(trials, heuristic).tiles == {"a": 3, "b": 0}
+
+
+def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monkeypatch):
+    """A stale record is timed again against the heuristic and re-recorded with today's
+    fingerprint (its tiles when they still win, the heuristic when they do not); a current record
+    and another GPU's are left alone."""
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    heuristic = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
+    winner = dict(heuristic, stages=2, precomp=False)
+    loser = dict(heuristic, stages=4)
+    other = ConvSpec.from_dict({**SPEC.to_dict(), "k": 32})
+    current = ConvSpec.from_dict({**SPEC.to_dict(), "k": 16})
+    db.record("implicit_gemm", SPEC, DEVICE, winner, ms=1.0, kernel="stale", tried=40, space=900)
+    db.record("implicit_gemm", other, DEVICE, loser, ms=1.0, kernel="stale")
+    db.record("implicit_gemm", current, DEVICE, heuristic, ms=1.0,
+              kernel=tune.kernel_fingerprint("implicit_gemm", current, heuristic))
+    db.record("implicit_gemm", SPEC, ("another GPU", "sm_80"), winner, ms=1.0, kernel="stale")
+    timed = []
+
+    def evaluate_for(family, spec):
+        default = get_family(family).default_tiles(spec).to_dict()
+
+        def evaluate(batch):
+            timed.extend((spec.k, t) for t in batch)
+            return [tune.Trial(t, seconds=0.5e-3 if t == winner else 1e-3 if t == default else 2e-3, status="ok")
+                    for t in batch]
+        return evaluate
+
+    refreshed = tune.refresh(db, evaluate_for, progress=False)
+    assert sorted(old["spec"]["k"] for old, _ in refreshed) == [32, 48]
+    assert sorted(k for k, _ in timed) == [32, 32, 48, 48]
+    fresh = db.entries()
+    assert db.lookup("implicit_gemm", SPEC, DEVICE) == winner
+    assert db.lookup("implicit_gemm", other, DEVICE) == get_family("implicit_gemm").default_tiles(other).to_dict()
+    kept = fresh[tune.entry_key("implicit_gemm", SPEC, DEVICE)]
+    assert kept["ms"] == 0.5 and kept["heuristic_ms"] == 1.0 and (kept["tried"], kept["space"]) == (40, 900)
+    assert fresh[tune.entry_key("implicit_gemm", SPEC, ("another GPU", "sm_80"))]["kernel"] == "stale"
+    assert tune.refresh(db, evaluate_for, progress=False) == []
