@@ -144,12 +144,13 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
 
 
 def format_table(results: list[dict]) -> str:
-    """One line per layer: TFLOP/s and ratio to cuDNN of each family, extra memory in MiB."""
+    """One line per layer: TFLOP/s and ratio to cuDNN of each family (a "(tuned)" column after a
+    family's own when the tuning database was run), extra memory in MiB."""
     families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
     families = [c for f in families for c in ((f, "heuristic"), (f, "tuned")) if any(
         r["family"] == f and r["variant"] == c[1] for r in results) or (c[1] == "heuristic" and f == "direct")]
     head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
-        f" {(f if v == 'heuristic' else f[:7] + ' tuned')[:13]:>13}" for f, v in families)
+        f" {f if v == 'heuristic' else '(tuned)':>13}" for f, v in families)
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", head, "-" * len(head)]
     keyed = {}

@@ -186,3 +186,19 @@ def test_bench_layers_are_checked_before_any_gpu_work():
     assert select_layers(shapes, None) == shapes
     with pytest.raises(SpecError, match="--layers='filter_r5'.*filter_r1, filter_r2"):
         select_layers(shapes, ["filter_r5"])
+
+
+def test_bench_conv_table_names_every_column_in_full():
+    """The tuned column follows its family's and says so; no family name is cut to fit."""
+    from codegen.bench_conv import format_table
+
+    def row(family, variant, tflops):
+        return {"family": family, "variant": variant, "layer": "conv8", "layout": "NCHW", "ablation": None,
+                "ms": 1.0, "tflops": tflops, "speedup_vs_cudnn": tflops / 40, "extra_bytes": 0,
+                "cudnn_tflops": 40.0, "cudnn_extra_bytes": 0}
+
+    text = format_table([row("implicit_gemm", "heuristic", 43.0), row("implicit_gemm", "tuned", 45.0),
+                         row("im2col_gemm", "heuristic", 37.0)])
+    head = text.splitlines()[1].split()
+    assert head == ["layer", "layout", "cuDNN", "implicit_gemm", "(tuned)", "im2col_gemm"]
+    assert "45.0 (1.12)" in text.splitlines()[3]
