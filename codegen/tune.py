@@ -54,6 +54,8 @@ TOLERANCE = 1e-5
 SIGNIFICANT = 0.02
 """A candidate replaces the heuristic only when it is at least 2% faster: run-to-run noise of the
 median on this card is about 1%, and a tie should keep the configuration users get untuned."""
+REFRESH_BUDGET = 300.0
+"""Seconds a refresh allows one record's two configurations (compiling both takes a few)."""
 
 
 @dataclass
@@ -435,7 +437,7 @@ def refresh(db: TuningDB, evaluate_for: Callable[[str, ConvSpec], Callable] | No
         except (SpecError, TypeError, ValueError):
             pass
         evaluate = evaluate_for(family, spec) if evaluate_for else None
-        result = tune(family, spec, budget=float("inf"), max_configs=2, evaluate=evaluate, record=False,
+        result = tune(family, spec, budget=REFRESH_BUDGET, max_configs=2, evaluate=evaluate, record=False,
                       progress=progress, only=[entry["tiles"]])
         if result.best is not None:
             heuristic = result.heuristic
