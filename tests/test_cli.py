@@ -202,3 +202,22 @@ def test_bench_conv_table_names_every_column_in_full():
     head = text.splitlines()[1].split()
     assert head == ["layer", "layout", "cuDNN", "implicit_gemm", "(tuned)", "im2col_gemm"]
     assert "45.0 (1.12)" in text.splitlines()[3]
+
+
+def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch, capsys):
+    """The report names both timings and the choice; the re-timing itself is test_tune's."""
+    from codegen import cli, tune
+    from codegen.spec import ConvSpec
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=4, input_size=(8, 8), filter_size=3)
+    old = {"family": "implicit_gemm", "tiles": {"stages": 2}, "ms": 1.5}
+    trials = [tune.Trial({"stages": 3}, seconds=1e-3, status="ok"), tune.Trial({"stages": 2}, seconds=2e-3, status="ok")]
+    result = tune.TuneResult("implicit_gemm", spec, trials[0], trials[0], trials, 1.0, 2)
+    monkeypatch.setattr(cli, "_require_gpu", lambda what: None)
+    monkeypatch.setattr(tune, "refresh", lambda db: [(old, result)])
+    assert main(["tune", "--refresh", "--db", str(tmp_path / "tuning.json")]) == 0
+    out = capsys.readouterr().out
+    assert "was 1.500 ms; now heuristic 1.000 ms, recorded 2.000 ms -> keeps the heuristic" in out
+    monkeypatch.setattr(tune, "refresh", lambda db: [])
+    assert main(["tune", "--refresh", "--db", str(tmp_path / "tuning.json")]) == 0
+    assert "no stale entries" in capsys.readouterr().out
