@@ -29,6 +29,7 @@ step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and
     return $rc
 }
 gpu_tests() {  # each GPU test in its own process, $JOBS (default 6) at a time: NVRTC compiles per example dominate
+    rm -f "$logs"/gpu-tests_*.log  # a reused $LOGS must not count an earlier call's tests
     python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu.py \
         | grep '::' >"$logs/gpu-ids.txt"
     xargs -P "${JOBS:-6}" -I{} sh -c 'timeout '"${TEST_TIMEOUT:-420}"' python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
