@@ -123,6 +123,13 @@ def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, t
             "guard_from": guard_from}
 
 
+def pixels_split_evenly(block_m: int, threads: int) -> bool:
+    """Whether ``threads`` can load a channels-first A tile pixel-fastest (``_loader``'s rule along
+    pixels); thread counts like 192 split no 128-pixel tile, so the tile is loaded along k instead
+    (less coalesced, still right)."""
+    return threads % block_m == 0 or block_m % threads == 0
+
+
 def check_geometry(tiles: GemmTiles) -> None:
     """Every divisibility and size rule of the tile hierarchy, each failure naming its field."""
     pairs = (("block_m", "warp_m"), ("block_n", "warp_n"), ("warp_m", "thread_m"), ("warp_n", "thread_n"))
@@ -211,7 +218,7 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
         thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
     threads = (block_m // warp_m) * (block_n // warp_n) * 32
-    a_along_k = not spec.layout.channels_last and threads % block_m != 0 and block_m % threads != 0
+    a_along_k = not spec.layout.channels_last and not pixels_split_evenly(block_m, threads)
     block_k = 16 if gemm_k >= 64 and not a_along_k else 8
     ctas = -(-gemm_m // block_m) * -(-gemm_n // block_n)
     k_tiles = -(-gemm_k // block_k)
@@ -282,13 +289,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     a_vec = 4 if tiles.vector_load and a_vector_ok else 1
     b_vec = 4 if tiles.vector_load and gemm_k % 4 == 0 else 1
     threads = tiles.threads
-    try:
-        a_load = _loader(tiles.block_m, tiles.block_k // a_vec, threads, a_m_fastest and a_vec == 1, "tiles.block_m", tiles)
-    except SpecError:
-        if not (a_m_fastest and a_vec == 1):
-            raise
-        # Thread counts like 192 split no 128-row tile: load along k instead (less coalesced, still right).
-        a_load = _loader(tiles.block_m, tiles.block_k, threads, False, "tiles.block_m", tiles)
+    m_fastest = a_m_fastest and a_vec == 1 and pixels_split_evenly(tiles.block_m, threads)
+    a_load = _loader(tiles.block_m, tiles.block_k // a_vec, threads, m_fastest, "tiles.block_m", tiles)
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
     splits, k_per_split = k_split(spec, tiles)
