@@ -227,11 +227,7 @@ def cmd_tune(args) -> int:
         for entry in entries.values():
             spec = ConvSpec.from_dict(entry["spec"])
             base = f", heuristic {entry['heuristic_ms']:.3f} ms" if entry.get("heuristic_ms") else ""
-            try:
-                current = tune.timed_this_code(entry, entry["family"], spec)
-            except (SpecError, TypeError, ValueError):
-                current = False
-            state = "" if current else " [stale: timed other kernel code, not used; tune again]"
+            state = "" if tune.is_current(entry) else " [stale: timed other kernel code, not used; tune again]"
             print(f"{entry['family']:13} {spec.describe()}\n    {entry['gpu']} {entry['arch']} convgen "
                   f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}{state}\n    "
                   + " ".join(f"{k}={v}" for k, v in entry["tiles"].items()))

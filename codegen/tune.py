@@ -191,6 +191,14 @@ def timed_this_code(entry: dict, family: str, spec: ConvSpec) -> bool:
     return entry.get("kernel") == kernel_fingerprint(family, spec, entry["tiles"])
 
 
+def is_current(entry: dict) -> bool:
+    """``timed_this_code`` for a stored entry; tiles that no longer plan count as stale."""
+    try:
+        return timed_this_code(entry, entry["family"], ConvSpec.from_dict(entry["spec"]))
+    except (SpecError, TypeError, ValueError):
+        return False
+
+
 def kernel_fingerprint(family: str, spec: ConvSpec, tiles: dict) -> str:
     """sha256 (16 hex digits) of the kernel code ``tiles`` render to for ``spec``, comments and
     blank lines left out, so that a reworded comment keeps a record and any code change retires it."""
@@ -391,12 +399,10 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
     from codegen.families import get_family
 
     fam = get_family(family)
-    space = fam.tuning_space(spec) if only is None else [dict(c) for c in only]
+    first = fam.default_tiles(spec).to_dict()
+    space = fam.tuning_space(spec) if only is None else [first] + [dict(c) for c in only if c != first]
     if not space:
         raise SpecError("family", family, "declares no tuning space")
-    first = fam.default_tiles(spec).to_dict()
-    if only is not None:
-        space = [first] + [c for c in space if c != first]
     started = clock()
     evaluate = evaluate or gpu_evaluator(family, spec)
     bar = ProgressBar(min(max_configs, len(space)), budget) if progress else None
@@ -410,11 +416,16 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
     if record and best is not None:
         device = current_device()
         if device is not None:
-            (db or TuningDB()).record(family, spec, device, best.tiles, ms=best.seconds * 1e3,
-                                      heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok"
-                                      else None, tried=len(trials), space=len(space),
-                                      kernel=kernel_fingerprint(family, spec, best.tiles))
+            _record(db or TuningDB(), device, result, tried=len(trials), space=len(space))
     return result
+
+
+def _record(db: TuningDB, device: tuple[str, str], result: TuneResult, **facts: Any) -> None:
+    """Record a result's winner with its time, the heuristic's and the fingerprint of its code."""
+    heuristic = result.heuristic
+    db.record(result.family, result.spec, device, result.best.tiles, ms=result.best.seconds * 1e3,
+              heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok" else None,
+              kernel=kernel_fingerprint(result.family, result.spec, result.best.tiles), **facts)
 
 
 def refresh(db: TuningDB, evaluate_for: Callable[[str, ConvSpec], Callable] | None = None,
@@ -430,21 +441,14 @@ def refresh(db: TuningDB, evaluate_for: Callable[[str, ConvSpec], Callable] | No
     for entry in list(db.entries().values()):
         if (entry["gpu"], entry["arch"]) != device or entry["version"] != __version__:
             continue
+        if is_current(entry):
+            continue
         family, spec = entry["family"], ConvSpec.from_dict(entry["spec"])
-        try:
-            if timed_this_code(entry, family, spec):
-                continue
-        except (SpecError, TypeError, ValueError):
-            pass
         evaluate = evaluate_for(family, spec) if evaluate_for else None
         result = tune(family, spec, budget=REFRESH_BUDGET, max_configs=2, evaluate=evaluate, record=False,
                       progress=progress, only=[entry["tiles"]])
         if result.best is not None:
-            heuristic = result.heuristic
-            db.record(family, spec, device, result.best.tiles, ms=result.best.seconds * 1e3,
-                      heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok" else None,
-                      tried=entry.get("tried"), space=entry.get("space"), refreshed=True,
-                      kernel=kernel_fingerprint(family, spec, result.best.tiles))
+            _record(db, device, result, tried=entry.get("tried"), space=entry.get("space"), refreshed=True)
         refreshed.append((entry, result))
     return refreshed
 
