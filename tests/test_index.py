@@ -169,6 +169,14 @@ def test_tap_mask_width_follows_the_taps_and_the_padding(filter_size, padding, b
     assert index.tap_mask_bits(alg, index.gemm_terms(alg, "image")) == bits
 
 
+def _pixels(alg):
+    """(n, o...) of every output pixel, column-matrix order."""
+    col = np.arange(alg.cols)
+    pixel = {"n": index.evaluate(alg.col_coords[0], {"col": col})}
+    pixel.update({f"o{j}": index.evaluate(e, {"col": col}) for j, e in enumerate(alg.col_coords[1:])})
+    return pixel
+
+
 @pytest.mark.parametrize("spec", [
     ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=2, input_size=(9, 11), filter_size=(7, 7), padding=(3, 2), dilation=(1, 2)),
     ConvSpec(dims=3, layout="NDHWC", n=1, c=2, k=3, input_size=(5, 6, 7), filter_size=(3, 2, 3), stride=(2, 1, 3),
@@ -178,9 +186,7 @@ def test_tap_masks_agree_with_the_per_axis_bounds_checks(spec):
     """Mask bits above 31 included (49 taps): gemm_by_maps raises when the two tests disagree."""
     alg = IndexAlgebra(spec)
     terms = index.gemm_terms(alg, "image")
-    col = np.arange(alg.cols)
-    pixel = {"n": index.evaluate(alg.col_coords[0], {"col": col})}
-    pixel.update({f"o{j}": index.evaluate(e, {"col": col}) for j, e in enumerate(alg.col_coords[1:])})
+    pixel = _pixels(alg)
     masked = maps.inside_by_tap_masks(alg, terms, pixel)
     assert masked.shape == (alg.cols, alg.rows) and 0 < masked.sum() < masked.size
     assert check_index_maps("implicit_gemm", spec, 0) is None
@@ -289,10 +295,7 @@ def test_unselected_addresses_are_inside_only_without_padding():
         alg = IndexAlgebra(spec)
         terms = index.gemm_terms(alg, "image")
         delta = np.array([entry[0] for entry in index.row_table(alg, terms)])
-        col = np.arange(alg.cols)
-        pixel = {"n": index.evaluate(alg.col_coords[0], {"col": col})}
-        pixel.update({f"o{j}": index.evaluate(e, {"col": col}) for j, e in enumerate(alg.col_coords[1:])})
-        base = index.evaluate(terms["exprs"]["a_base"], pixel)
+        base = index.evaluate(terms["exprs"]["a_base"], _pixels(alg))
         offsets = np.concatenate([(base[:, None] + delta[None, :]).ravel(), base])
         return index.unselected_addresses_inside(alg, terms), offsets.min(), offsets.max(), alg.image_elements
 
