@@ -35,6 +35,8 @@ GEMM_SWITCHES = {
     "no-micro-kernel": {"block_m": 16, "block_n": 8, "warp_m": 8, "warp_n": 4, "thread_m": 1, "thread_n": 1},
     "wide": {"block_m": 128, "block_n": 64, "block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8,
              "stages": 4},
+    "micro-8x12": {"block_m": 64, "block_n": 96, "warp_m": 32, "warp_n": 96, "thread_m": 8, "thread_n": 12},
+    "micro-12x8": {"block_m": 96, "block_n": 64, "warp_m": 48, "warp_n": 64, "thread_m": 12, "thread_n": 8},
 }
 REGISTER_SWITCHES = {
     "pipelined": {"stages": 2, "tiles_per_block": 2},

@@ -40,7 +40,7 @@ SPLIT_K_CTAS = 8 * SM_COUNT_HINT
 (1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568 lost 11 % in 2."""
 SPLIT_K_MIN_SLICES = 16
 """k-slices each split keeps at least, so the pipeline still has a loop to overlap."""
-MICRO_TILES = ((4, 4), (4, 8), (8, 4), (8, 8), (16, 8), (8, 16))
+MICRO_TILES = ((4, 4), (4, 8), (8, 4), (8, 8), (8, 12), (12, 8), (16, 8), (8, 16))
 """Thread micro-tiles (thread_m, thread_n) of the tuning space."""
 WIDE_TILES = ((128, 128, 64, 64, 16, 8), (256, 64, 128, 32, 16, 8), (256, 64, 64, 64, 8, 16),
               (128, 128, 64, 64, 8, 16))
@@ -73,8 +73,8 @@ class GemmTiles(Tiles):
         TileParam("block_k", "K slice per pipeline stage", choices=(4, 8, 16, 32)),
         TileParam("warp_m", "warp tile along M", minimum=1, maximum=256),
         TileParam("warp_n", "warp tile along N", minimum=1, maximum=256),
-        TileParam("thread_m", "thread micro-tile along M (outer-product rows)", choices=(1, 2, 4, 8, 16)),
-        TileParam("thread_n", "thread micro-tile along N (outer-product columns)", choices=(1, 2, 4, 8, 16)),
+        TileParam("thread_m", "thread micro-tile along M (outer-product rows)", choices=(1, 2, 4, 8, 12, 16)),
+        TileParam("thread_n", "thread micro-tile along N (outer-product columns)", choices=(1, 2, 4, 8, 12, 16)),
         TileParam("stages", "shared-memory buffers: 1 = no double buffering or prefetch", choices=(1, 2, 3, 4)),
         TileParam("async_copy", "fill shared memory with cp.async (sm_80+) instead of through registers",
                   choices=(True, False)),
