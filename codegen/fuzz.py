@@ -19,7 +19,7 @@ from codegen.spec import ConvSpec, Layout, SpecError
 @st.composite
 def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = None, max_size: int = 12,
           max_channels: int = 9, vector_pitch: bool | None = None, max_elements: int = 1 << 18,
-          max_k: int = 4, max_filter: int | None = None) -> ConvSpec:
+          max_k: int = 4, max_filter: int | None = None, min_k: int = 1) -> ConvSpec:
     """Valid small specs: sizes of 1, padding, dilation, strides larger than the filter, odd pitches.
 
     ``vector_pitch=True`` draws channels-last specs whose pitch is a multiple of 4 (the DECX kernels);
@@ -46,7 +46,7 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
             dpitch = draw(st.one_of(st.none(), st.integers(c, c + 5)))
     n = draw(st.integers(1, 3))
     assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
-    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=draw(st.integers(1, max_k)), input_size=sizes,
+    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=draw(st.integers(min_k, max_k)), input_size=sizes,
                     filter_size=filters, stride=stride, padding=padding, dilation=dilation, dpitch=dpitch)
     alg = IndexAlgebra(spec)
     assume(alg.rows * alg.cols <= max_elements and alg.image_elements <= max_elements)

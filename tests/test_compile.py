@@ -6,11 +6,13 @@ import textwrap
 import warnings
 
 import pytest
+from hypothesis import given, settings
 
 from codegen import catalogue
 from codegen.api import build, plan
 from codegen.compile import (KernelCache, cache_key, compile_source, compiler_fingerprint, nvrtc_version,
                               options_for)
+from codegen.fuzz import specs
 from codegen.render import render_kernels
 from codegen.spec import ConvSpec
 
@@ -112,6 +114,29 @@ def test_benchmark_layer_kernels_spill_nothing(entry, cache_dir):
     for name, resources in kernel.compiled.resources.items():
         assert resources.spill_stores == 0 and resources.stack_bytes == 0, (name, resources)
         assert resources.registers <= 255
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs(max_channels=64, max_k=300, max_elements=1 << 22, max_filter=7))
+def test_gemm_heuristic_tiles_are_valid_and_load_a_along_pixels(spec):
+    """The heuristic's tiles pass every geometry rule and their threads split the pixels evenly
+    (so a channels-first A tile never falls back to loading along k); 96-channel tiles take 8x12
+    micro-tiles, one warp across the channels."""
+    from codegen.families.gemm import check_geometry, heuristic, pixels_split_evenly
+
+    tiles = heuristic(spec, a_vector_ok=False)
+    check_geometry(tiles)
+    assert pixels_split_evenly(tiles.block_m, tiles.threads), tiles
+    if tiles.block_n == 96 and tiles.block_m > 32:
+        assert (tiles.thread_m, tiles.thread_n, tiles.warp_n, tiles.threads) == (8, 12, 96, tiles.block_m), tiles
+
+
+def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
+    """The tiles measured fastest on conv1 (docs/perf.md v9): 128x96x16, 128 threads of 8x12."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=128, c=3, k=96, input_size=(227, 227), filter_size=11, stride=4)
+    tiles = plan("implicit_gemm", spec).tiles
+    assert (tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n, tiles.threads) == \
+        (128, 96, 16, 8, 12, 128)
 
 
 def test_benchmark_layers_need_less_extra_memory_than_im2col_gemm():

@@ -315,6 +315,15 @@ def test_gemm_families_heuristic_tiles(spec, seed, family):
 
 
 @GPU
+@given(spec=specs(max_channels=8, min_k=65, max_k=96, max_elements=1 << 15, max_filter=5), seed=st.integers(0, 2**16),
+       family=st.sampled_from(GEMM_FAMILIES))
+def test_gemm_heuristic_96_channel_tiles(spec, seed, family):
+    """65-96 output channels: the heuristic's 8x12 micro-tiles (one warp across 96 channels),
+    with and without a channel tail."""
+    _assert_conv_matches(family, spec, None, seed)
+
+
+@GPU
 @given(spec=GEMM_SPECS, seed=st.integers(0, 2**16), removed=st.sampled_from(("micro_kernel", "vectorized", "prefetch")))
 def test_im2win_ablations(spec, seed, removed):
     from codegen.families import im2win

@@ -198,11 +198,14 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
       grid has two CTAs per SM;
     - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory) in 4x8-lane warps, the
       shape most winners had; small tiles shrink the micro-tile to keep 32 lanes per warp;
+    - 8x12 micro-tiles on the 96-channel tiles: one warp spans the 96 channels, so a 128x96 tile
+      is 128 threads of 96 outputs (3 CTAs per SM at 168 registers) instead of 192 threads of 64,
+      the longer runs of independent FMAs that cuBLAS's SIMT kernels use (conv1 +11 %, conv2
+      +8 % in a same-run A/B, docs/perf.md v9; 12-wide tiles lost on the 64- and 128-channel
+      layers); with it every heuristic tile's threads split its pixels evenly, so channels-first
+      A tiles load along pixels;
     - block_k 16 (8 when K = C*taps is below 64, where half a slice would be padding), 3 cp.async
-      stages in dynamic shared memory (the launchers opt in above 48 KB); also 8 where a
-      channels-first A tile is loaded along k because the threads do not split its pixels (192
-      threads on 128 pixels, the 96-channel tiles): a thread then keeps 6 pixel slots instead of
-      11 (conv1 +3 %, conv2 +6 % in a same-run A/B, docs/perf.md v8);
+      stages in dynamic shared memory (the launchers opt in above 48 KB);
     - vector loads where the layout allows, precomputed row offsets always;
     - split-K (CUTLASS's serial reduction through atomic adds) when the output has fewer than
       ``SPLIT_K_CTAS`` tiles: enough splits to reach it, each keeping ``SPLIT_K_MIN_SLICES``.
@@ -213,13 +216,11 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     block_m = 256 if block_n == 32 else 128
     while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < 2 * SM_COUNT_HINT:
         block_m //= 2
-    thread_m = thread_n = 8
+    thread_m, thread_n = 8, 12 if block_n == 96 else 8
     if block_m == 32 or block_n == 32:
         thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
-    threads = (block_m // warp_m) * (block_n // warp_n) * 32
-    a_along_k = not spec.layout.channels_last and not pixels_split_evenly(block_m, threads)
-    block_k = 16 if gemm_k >= 64 and not a_along_k else 8
+    block_k = 16 if gemm_k >= 64 else 8
     ctas = -(-gemm_m // block_m) * -(-gemm_n // block_n)
     k_tiles = -(-gemm_k // block_k)
     split_k = 1
