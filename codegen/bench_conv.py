@@ -2,8 +2,9 @@
 the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU).
 
 Per layer: implicit GEMM, im2win, im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
-(TF32 off, ``cudnn.benchmark`` on), each timed with CUDA events (warm-up, median), checked
-against cuDNN's output, with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
+(TF32 off, ``cudnn.benchmark`` on), each checked against cuDNN's output, then timed with CUDA
+events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
+is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
 peak of PyTorch's allocator during the call minus the output.  The ablation reruns im2win with
 one optimisation removed at a time.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,10 +49,18 @@ def _cudnn_extra_bytes(run, output_bytes: int) -> int:
     return max(0, extra)
 
 
+ROUNDS = 3
+"""Timing rounds per layer: cuDNN and every kernel are timed once per round, in turn, and each
+reports the median of its rounds, so a drift of the clock (or of cuDNN's own time) while a layer
+is measured weighs on all of them alike instead of on whichever ran during it."""
+
+
 def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
                 tuned: bool = False) -> list[dict]:
     """Every family (and the im2win ablation) and cuDNN on one layer, with the heuristic's tiles;
-    ``tuned`` adds the tuning database's configuration of the GEMM families next to them."""
+    ``tuned`` adds the tuning database's configuration of the GEMM families next to them.  Each
+    kernel is checked against cuDNN's output first, then all are timed in ``ROUNDS`` interleaved
+    rounds."""
     import cupy
     import torch
 
@@ -73,14 +83,13 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
     run_cudnn = cudnn_fp32(spec, x_torch, w_torch)
     theirs = run_cudnn().double()
-    cudnn_seconds = median_seconds(run_cudnn, repeats)
     cudnn_extra = _cudnn_extra_bytes(run_cudnn, math.prod(alg.output_shape) * 4)
     norm = float(theirs.norm())
     common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
-              "cudnn_ms": cudnn_seconds * 1e3, "cudnn_tflops": flops / cudnn_seconds / 1e12,
               "cudnn_extra_bytes": cudnn_extra}
+    timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
 
-    def measure(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
+    def prepare(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
         row = {**common, "family": family, "variant": variant, "ablation": ablated}
         try:
             kernel = build(family, spec, tiles)
@@ -91,30 +100,41 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         ours = torch.from_dlpack(y)
         if spec.layout.channels_last:
             ours = ours.permute(*last)
-        error = float((ours.double() - theirs).norm()) / (norm or 1.0)
-        family_repeats = repeats if family != "direct" else max(2, repeats // 3)
-        seconds = median_seconds(lambda: kernel.launch([x, w], y), family_repeats, warmup=1)
-        return {**row, "tiles": kernel.plan.tiles.describe(), "ms": seconds * 1e3,
-                "tflops": flops / seconds / 1e12, "speedup_vs_cudnn": cudnn_seconds / seconds,
-                "extra_bytes": extra_bytes(kernel.plan), "relative_error_vs_cudnn": error}
+        row.update(tiles=kernel.plan.tiles.describe(), extra_bytes=extra_bytes(kernel.plan),
+                   relative_error_vs_cudnn=float((ours.double() - theirs).norm()) / (norm or 1.0))
+        timed.append((row, lambda: kernel.launch([x, w], y), repeats if family != "direct" else max(2, repeats // 3)))
+        return row
 
-    rows = []
+    groups: list[list[dict]] = []   # one row per group in the result; the direct group keeps its fastest
     for family in families:
         if family == "direct":
-            candidates = [measure("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES]
-            timed = [r for r in candidates if "ms" in r]
-            rows.append(min(timed, key=lambda r: r["ms"]) if timed else candidates[0])
+            groups.append([prepare("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES])
             continue
-        rows.append(measure(family, "heuristic", get_family(family).default_tiles(spec).to_dict()))
+        groups.append([prepare(family, "heuristic", get_family(family).default_tiles(spec).to_dict())])
         if tuned and family in ("implicit_gemm", "im2win"):
             recorded = tuned_tiles(family, spec)
-            rows.append(measure(family, "tuned", recorded) if recorded else
-                        {**common, "family": family, "variant": "tuned", "ablation": None,
-                         "skipped": "no tuned entry for this GPU and version (run convgen tune)"})
+            groups.append([prepare(family, "tuned", recorded) if recorded else
+                           {**common, "family": family, "variant": "tuned", "ablation": None,
+                            "skipped": "no tuned entry for this GPU and version (run convgen tune)"}])
     if ablation and "im2win" in families:
         base = im2win.FAMILY.default_tiles(spec)
         for removed in im2win.ABLATIONS:
-            rows.append(measure("im2win", f"without {removed}", im2win.ablation(base, removed).to_dict(), removed))
+            groups.append([prepare("im2win", f"without {removed}", im2win.ablation(base, removed).to_dict(), removed)])
+
+    cudnn_rounds, kernel_rounds = [], [[] for _ in timed]
+    for _ in range(ROUNDS):
+        cudnn_rounds.append(median_seconds(run_cudnn, repeats))
+        for samples, (_, launch, count) in zip(kernel_rounds, timed):
+            samples.append(median_seconds(launch, count, warmup=1))
+    cudnn_seconds = statistics.median(cudnn_rounds)
+    for samples, (row, _, _) in zip(kernel_rounds, timed):
+        seconds = statistics.median(samples)
+        row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, speedup_vs_cudnn=cudnn_seconds / seconds)
+    rows = []
+    for group in groups:
+        measured = [r for r in group if "ms" in r]
+        rows.append(min(measured, key=lambda r: r["ms"]) if measured else group[0])
+        rows[-1].update(cudnn_ms=cudnn_seconds * 1e3, cudnn_tflops=flops / cudnn_seconds / 1e12)
     del x, w, y, x_torch, w_torch, theirs
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()

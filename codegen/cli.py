@@ -359,7 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
                            "configurations (tuned against heuristic against cuDNN)")
     bench_cmd.add_argument("--layers", nargs="+", help="layer names of shapes.json (default all the family runs on; 'direct' also takes filter_r1..filter_r4)")
-    bench_cmd.add_argument("--repeats", type=int, default=10)
+    bench_cmd.add_argument("--repeats", type=int, default=10, help="timed launches per median (default 10); conv "
+                           "takes that median in 3 rounds that time cuDNN and every kernel in turn, and reports "
+                           "the median round")
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
     bench_cmd.set_defaults(func=cmd_bench)
 
