@@ -15,6 +15,8 @@ MAX_THREADS_PER_BLOCK = 1024
 STATIC_SHARED_LIMIT = 48 * 1024
 DYNAMIC_SHARED_LIMIT = 227 * 1024
 """Opt-in dynamic shared memory per block on sm_90 (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
+SM_COUNT_HINT = 132
+"""SMs of the H100 the heuristics size grids for; on smaller GPUs they only err towards more blocks."""
 
 
 @dataclass(frozen=True)

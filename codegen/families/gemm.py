@@ -28,13 +28,11 @@ from typing import ClassVar
 
 from codegen import index
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import DYNAMIC_SHARED_LIMIT, TileParam, Tiles, check_block
+from codegen.tiles import DYNAMIC_SHARED_LIMIT, SM_COUNT_HINT, TileParam, Tiles, check_block
 
 SMEM_PAD = 4
 REGISTER_LIMIT = 255
 REGISTER_FILE = 65536
-SM_COUNT_HINT = 132
-"""SMs of the H100 the heuristic sizes grids for; on smaller GPUs it only errs towards more CTAs."""
 SPLIT_K_CTAS = 8 * SM_COUNT_HINT
 """CTAs below which the heuristic splits K: conv12's 400 output tiles ran 1.14x faster in 3 splits
 (1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568 lost 11 % in 2."""
