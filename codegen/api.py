@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegen.compile import CompiledKernel, compile_source, device_arch
+from codegen.compile import CompiledKernel, compile_source, device_arch, resolve_arch
 from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, KernelPlan
 from codegen.render import KernelSource, render_kernels
@@ -62,6 +62,7 @@ class Kernel:
     source: KernelSource
     compiled: CompiledKernel
     _functions: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _encoded_maps: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
     def spec(self) -> ConvSpec:
@@ -131,7 +132,21 @@ class Kernel:
             args = tuple(by_name[b.name] for b in self.plan.launch_args(step))
             if step.offsets:
                 args = tuple(a.ravel()[offset:] for a, offset in zip(args, step.offsets))
+            if step.tensor_maps:
+                args = tuple(self._tensor_map(m, by_name[m.buffer].data.ptr) for m in step.tensor_maps) + args
             function(step.grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
+
+    def _tensor_map(self, tensor_map, pointer: int):
+        """The encoded map for a buffer at ``pointer``, encoded once per address: encoding costs
+        tens of microseconds of host time, which a timed launch would otherwise include."""
+        from codegen import tma
+
+        key = (tensor_map, pointer)
+        if key not in self._encoded_maps:
+            if len(self._encoded_maps) >= 256:  # a long run over many buffers: start over, stay small
+                self._encoded_maps.clear()
+            self._encoded_maps[key] = tma.encode(tensor_map, pointer)
+        return self._encoded_maps[key]
 
     def _opt_in_shared(self, device_id: int, step) -> None:
         """Above 48 KB of dynamic shared memory a kernel must opt in, once per loaded module."""
@@ -158,6 +173,10 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
     ``tiles=None`` picks the family's heuristic; ``arch=None`` the current device's architecture
     (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched)."""
     kernel_plan = plan(family, spec, tiles)
+    arch = resolve_arch(arch)
+    if kernel_plan.min_arch and int("".join(ch for ch in arch[3:] if ch.isdigit())) < kernel_plan.min_arch:
+        raise SpecError("arch", arch, f"{family} variant {kernel_plan.variant} uses sm_{kernel_plan.min_arch} "
+                        f"instructions (TMA); build it for sm_{kernel_plan.min_arch} or newer")
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{family}.cu", arch)
     return Kernel(kernel_plan, source, compiled)

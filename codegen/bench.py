@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codegen.families.direct import VARIANTS as DIRECT_VARIANTS
 from codegen.spec import ConvSpec
 
 BATCH = 128
@@ -341,7 +342,7 @@ def tiles_for(spec: ConvSpec, variant: str) -> dict:
 
 
 def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("filter2d", "conv2d_mec", "conv3d"),
-                 variants=("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register"), layers=None) -> list[dict]:
+                 variants=DIRECT_VARIANTS, layers=None) -> list[dict]:
     shapes = load_shapes()
     chosen = select_layers([dict(layer, group=group) for group in sets for layer in shapes[group]], layers)
     copy_bps = copy_bandwidth()

@@ -24,7 +24,7 @@ from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, s
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
-DIRECT_CANDIDATES = ("tiled_register", "tiled_halo", "basic")
+DIRECT_CANDIDATES = ("tiled_tma", "tiled_register", "tiled_halo", "basic")
 FP32_PEAK_TFLOPS = 67.0
 """H100 SXM fp32 FMA datasheet peak; the target is 75% of it (50 TFLOP/s)."""
 

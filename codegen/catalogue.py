@@ -10,7 +10,7 @@ from pathlib import Path
 
 from codegen.bench import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source, write_if_changed
-from codegen.families import get_family
+from codegen.families import direct, get_family
 from codegen.spec import ConvSpec
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -36,9 +36,6 @@ class Entry:
         return emit_source(self.family, self.spec, self.tiles, self.launcher, self.path.name)
 
 
-DIRECT_VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
-
-
 def entries() -> list[Entry]:
     """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
     variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
@@ -55,7 +52,7 @@ def entries() -> list[Entry]:
                 found.append(Entry("im2win", f"{layer['name']}_{layout.lower()}", spec, _heuristic("im2win", spec)))
     for layer in shapes["filter2d"]:
         spec = layer_spec(layer, "NCHW", layer["N"])
-        for variant in DIRECT_VARIANTS:
+        for variant in direct.VARIANTS:
             tiles = get_family("direct").complete_tiles(spec, {"variant": variant}).to_dict()
             found.append(Entry("direct", f"{layer['name']}_{variant}", spec, tiles))
     for layer in shapes["conv3d"]:

@@ -69,6 +69,8 @@ VARIANTS = (
     + [("im2col_gemm", name, spec, None) for name, spec in SPECS.items()]
     + [("direct", f"{name}-register-{switch}", spec, {"variant": "tiled_register", **tiles})
        for name, spec in {**SPECS, **VECTOR_SPECS}.items() for switch, tiles in REGISTER_SWITCHES.items()]
+    + [("direct", f"{name}-tma-{memory}", spec, {"variant": "tiled_tma", "filter_memory": memory, "stages": 3})
+       for name, spec in VECTOR_SPECS.items() for memory in ("global", "constant")]
 )
 
 
@@ -79,6 +81,17 @@ def test_every_variant_compiles_for_sm90_without_warnings_or_spills(family, name
     assert kernel.compiled.cubin[:4] == b"\x7fELF"
     for resources in kernel.compiled.resources.values():
         assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack_bytes == 0
+
+
+def test_tma_kernel_keeps_all_shared_memory_dynamic(cache_dir):
+    """The mbarriers live in dynamic shared memory too: with 48 KB of boxes plus static barriers the
+    launch (which opts in above 48 KB of dynamic memory only) failed with an invalid argument."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 4), filter_size=(4, 2), padding=(3, 1),
+                    dilation=(2, 2))
+    kernel = build("direct", spec, {"variant": "tiled_tma", "rows_per_thread": 3, "tile_h": 24, "stages": 3},
+                   arch="sm_90")
+    (resources,) = kernel.compiled.resources.values()
+    assert resources.shared_bytes == 0 and kernel.plan.launches[0].shared_bytes == 128 + 3 * 4096 * 4
 
 
 def test_min_blocks_caps_the_register_tile_through_launch_bounds(cache_dir):

@@ -22,10 +22,11 @@ def test_catalogue_is_fresh():
 
 def test_catalogue_covers_every_benchmark_layer_and_layout():
     names = {(e.family, e.name) for e in catalogue.entries()}
-    assert len(names) == 12 * 2 * 3 + 4 * 5 + 4 * 2 + 16 * 2 + 16
+    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16
     assert ("implicit_gemm", "c3d_conv2_ndhwc") in names and ("im2win", "conv4_nchw") in names
     assert ("im2col", "conv4_nchw") in names and ("col2im", "conv12_nhwc_scatter") in names
     assert ("direct", "filter_r4_constant") in names and ("direct", "c3d_conv2_ndhwc") in names
+    assert ("direct", "filter_r4_tiled_tma") in names
 
 
 def test_emitted_file_is_self_describing(tmp_path):

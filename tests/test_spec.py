@@ -139,6 +139,45 @@ def test_register_tile_refusals_name_the_field():
                               "stages": 3})
 
 
+def test_tma_tile_refusals_name_the_field_and_what_is_allowed():
+    """tiled_tma reads W-contiguous rows in TMA boxes: each shape it cannot take is refused before
+    compiling, naming the field and pointing at tiled_register; an arch without TMA is refused by build."""
+    from codegen.api import build
+
+    tma = {"variant": "tiled_tma"}
+    first = make(layout="NCHW")
+    with pytest.raises(SpecError, match="tiles.variant='tiled_tma'.*channels-first layout.*not NHWC"):
+        plan("direct", make(), tma)
+    with pytest.raises(SpecError, match="tiles.variant='tiled_tma'.*stride 1 along H and W.*\\(1, 2\\)"):
+        plan("direct", make(layout="NCHW", stride=(1, 2)), tma)
+    with pytest.raises(SpecError, match="tiles.variant='tiled_tma'.*W a multiple of 4.*W = 30"):
+        plan("direct", make(layout="NCHW", input_size=(32, 30)), tma)
+    with pytest.raises(SpecError, match="tiles.tile_w/per_thread=\\(64, 4\\).*tile_w 128, per_thread 4"):
+        plan("direct", first, {**tma, "tile_w": 64})
+    with pytest.raises(SpecError, match="tiles.tile_h=34.*at most 16 \\(here 17\\)"):
+        plan("direct", first, {**tma, "tile_h": 34, "rows_per_thread": 2})
+    with pytest.raises(SpecError, match="filter_size=\\(3, 131\\).*260 columns.*at most 256"):
+        plan("direct", make(layout="NCHW", input_size=(8, 256), filter_size=(3, 131), padding=0), tma)
+    with pytest.raises(SpecError, match="tiles.resident_blocks=2.*tiled_tma only"):
+        plan("direct", first, {"variant": "tiled_register", "resident_blocks": 2})
+    with pytest.raises(SpecError, match="arch='sm_80'.*sm_90 instructions"):
+        build("direct", first, tma, arch="sm_80")
+
+
+def test_tma_plan_passes_the_image_as_a_tensor_map():
+    """One persistent block per SM, 8 consumer warps plus a producer warp, and the map of the
+    N x C x H x W image (innermost first) read in boxes of the 9x9 filter's 40 x 136 halo."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8192, 8192), filter_size=9, padding=4)
+    kernel_plan = plan("direct", spec, {"variant": "tiled_tma"})
+    (launch,) = kernel_plan.launches
+    (tensor_map,) = launch.tensor_maps
+    assert (launch.grid, launch.block, launch.args) == ((132, 1, 1), (288, 1, 1), ("y",))
+    assert (tensor_map.buffer, tensor_map.dims, tensor_map.box) == ("x", (8192, 8192, 1, 1), (136, 40, 1, 1))
+    assert tensor_map.strides == (8192 * 4, 8192 * 8192 * 4, 8192 * 8192 * 4)
+    assert kernel_plan.min_arch == 90 and kernel_plan.context["tiles_total"] == 64 * 256
+    assert launch.shared_bytes == 128 + 4 * 40 * 136 * 4      # barriers, then 4 buffers of one box
+
+
 def test_vectorised_im2col_needs_a_pitch_multiple_of_four():
     with pytest.raises(SpecError, match="multiple of 4.*pitch 3"):
         plan("im2col", make(), {"vectorized": True})

@@ -36,10 +36,24 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map of a buffer, passed by value before the buffer arguments: the fp32 tensor
+    of ``dims`` elements (innermost first) with byte ``strides`` for every dimension but the
+    innermost, read in boxes of ``box`` elements; elements outside the tensor read as zero.  The
+    map holds the buffer's address, so the launcher encodes it anew for every launch."""
+
+    buffer: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Launch:
     """One kernel launch; ``args`` names the buffers passed, in order (None: all of them),
     ``offsets`` (when given) the element offset into each, for launches over a slice, and
-    ``chunk_strides`` (when given) how far each advances per batch chunk of a chunked plan."""
+    ``chunk_strides`` (when given) how far each advances per batch chunk of a chunked plan;
+    ``tensor_maps`` come first in the kernel's parameters."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -48,6 +62,7 @@ class Launch:
     args: tuple[str, ...] | None = None
     offsets: tuple[int, ...] | None = None
     chunk_strides: tuple[int, ...] | None = None
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     @property
     def threads(self) -> int:
@@ -93,6 +108,8 @@ class KernelPlan:
     chunks: int = 1
     """The launches run this many times, once per batch chunk, each argument advanced by its
     launch's ``chunk_strides``: a workspace sized for one chunk bounds the extra memory (im2win)."""
+    min_arch: int = 0
+    """The oldest compute capability (as 90 for sm_90) whose instructions the kernels use."""
 
     @property
     def schedule(self) -> tuple[Launch | BlasGemm, ...]:

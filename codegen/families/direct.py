@@ -1,7 +1,7 @@
 """Direct convolution (seed 002), generalised from the single-channel 2D filter to N, C, K, 2D/3D,
 every layout, stride, padding and dilation.  ``y = conv(x, w)``: x in the spec's layout (with its
 channel pitch), w K x C x (T x) R x S channels-first or K x (T x) R x S x C channels-last, y in the
-spec's layout with K channels.  Five variants, chosen by the ``variant`` tile:
+spec's layout with K channels.  Six variants, chosen by the ``variant`` tile:
 
 - ``basic``: one thread per output element, input and filter from global memory, ghost cells by
   bounds checks.
@@ -22,6 +22,12 @@ spec's layout with K channels.  Five variants, chosen by the ``variant`` tile:
   addresses or, with ``filter_memory=constant``, from a ``__constant__`` copy.  A block walks
   ``tiles_per_block`` output tiles down H and, for each, the input channels (and depth taps),
   one slice per step with ``stages`` slices in flight, as in a GEMM main loop.
+- ``tiled_tma`` (sm_90+, beyond the seed): the same register tile in warp-specialised
+  persistent blocks.  One producer thread copies each input slice's box with one TMA
+  instruction (the tensor memory accelerator writes zeros for ghost cells) into a ring of
+  ``stages`` shared buffers, signalling an mbarrier; 8 consumer warps wait on it, compute and
+  release the buffer on a second mbarrier, so they issue no copies and pass no block-wide
+  barrier.  Channels-first layouts, stride 1 along H and W, W a multiple of 4.
 
 Tile sizes, filter size, stride, padding and dilation are compile-time constants of the kernel.
 """
@@ -36,14 +42,19 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
-from codegen.families.base import (Buffer, Family, KernelPlan, Launch, convolution_selftest_context, grid_for,
-                                   kernel_name)
+from codegen.families.base import (Buffer, Family, KernelPlan, Launch, TensorMap, convolution_selftest_context,
+                                   grid_for, kernel_name)
 from codegen.families.im2col import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
+from codegen.tiles import SM_COUNT_HINT, STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
 
 CONSTANT_BANK_BYTES = 64 * 1024
-VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register")
+VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register", "tiled_tma")
+TMA_BOX_LIMIT = 256
+"""Elements per dimension of one TMA box."""
+TMA_BARRIER_BYTES = 128
+"""tiled_tma keeps its 2 x 8 mbarriers at the head of dynamic shared memory (so the launch's opt-in
+above 48 KB counts every byte), the boxes 128-byte aligned after them."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class DirectTiles(Tiles):
     stages: int = 1
     tiles_per_block: int = 1
     min_blocks: int = 0
+    resident_blocks: int = 1
 
     PARAMS: ClassVar = (
         TileParam("variant", "which direct kernel", choices=VARIANTS),
@@ -65,17 +77,21 @@ class DirectTiles(Tiles):
         TileParam("tile_h", "output tile rows (tiled variants; the H axis)", minimum=1, maximum=64),
         TileParam("tile_w", "output tile columns (tiled variants; the W axis)", minimum=1, maximum=256),
         TileParam("per_thread", "tiled_register: consecutive outputs per thread along W (tile_w must be a "
-                  "multiple)", choices=(1, 2, 4, 8)),
-        TileParam("rows_per_thread", "tiled_register: consecutive outputs per thread along H (tile_h must be a "
-                  "multiple)", minimum=1, maximum=16),
-        TileParam("filter_memory", "tiled_register: where the filter is read from (constant: a __constant__ "
-                  "copy, at most 64 KB)", choices=("global", "constant")),
+                  "multiple; tiled_tma takes 4)", choices=(1, 2, 4, 8)),
+        TileParam("rows_per_thread", "tiled_register, tiled_tma: consecutive outputs per thread along H (tile_h "
+                  "must be a multiple; for tiled_tma tile_h / rows_per_thread is its consumer warps)",
+                  minimum=1, maximum=16),
+        TileParam("filter_memory", "tiled_register, tiled_tma: where the filter is read from (constant: a "
+                  "__constant__ copy, at most 64 KB)", choices=("global", "constant")),
         TileParam("stages", "tiled_register: shared-memory input tiles in flight (2-3: the next slice is copied "
-                  "while the current one is computed)", minimum=1, maximum=3),
+                  "while the current one is computed); tiled_tma: buffers in the producer/consumer ring (2-8)",
+                  minimum=1, maximum=8),
         TileParam("tiles_per_block", "tiled_register: consecutive output tiles along H that one block computes "
                   "(so its pipeline runs across tiles, not only across channels)", minimum=1, maximum=64),
         TileParam("min_blocks", "tiled_register: blocks per SM promised to ptxas by __launch_bounds__, which caps "
                   "registers at 65536 / (threads * min_blocks) (0: ptxas chooses)", minimum=0, maximum=16),
+        TileParam("resident_blocks", "tiled_tma: persistent blocks per SM (the grid is 132 SMs times this; each "
+                  "block walks the tiles)", minimum=1, maximum=8),
     )
 
 
@@ -179,10 +195,24 @@ class Direct(Family):
             else:
                 return tiles
 
+    def tma_tiles(self, spec: ConvSpec) -> DirectTiles:
+        """tiled_tma geometry, from the prototype's timing of the 8192^2 filters on an H100
+        (docs/perf.md, direct v8): 8 consumer warps of 4 x 4 outputs (a 32 x 128 tile; 1 row per
+        thread below 32 output rows), 4 buffers, one persistent block per SM (more blocks split
+        the same DRAM stream into shorter pipelines: radius 4 0.211 ms at one, 0.238 at two), and
+        the filter in constant memory where it fits."""
+        alg = index.IndexAlgebra(spec)
+        rows = 4 if alg.out_size[-2] >= 32 else 1
+        memory = "constant" if _filter_bytes(alg) <= CONSTANT_BANK_BYTES else "global"
+        return DirectTiles(variant="tiled_tma", tile_h=8 * rows, tile_w=128, per_thread=4, rows_per_thread=rows,
+                           filter_memory=memory, stages=4, resident_blocks=1)
+
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
-        and wide tiles, and the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3
-        stages, 1-4 tiles per block, both filter memories, with and without min_blocks=4."""
+        and wide tiles, the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3 stages, 1-4
+        tiles per block, both filter memories, with and without min_blocks=4, and the TMA one at
+        1-8 rows per thread, 2-6 buffers and 1-2 blocks per SM (refused by the plan where the spec
+        does not suit TMA)."""
         space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
         for variant in ("tiled_halo", "tiled_cache"):
             space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
@@ -194,6 +224,10 @@ class Direct(Family):
             space.append(dataclasses.replace(heuristic, tile_h=rows * down, tile_w=32 * per, per_thread=per,
                                              rows_per_thread=rows, stages=stages, tiles_per_block=group,
                                              filter_memory=memory, min_blocks=blocks).to_dict())
+        tma = self.tma_tiles(spec)
+        for rows, stages, resident in itertools.product((1, 2, 4, 8), (2, 4, 6), (1, 2)):
+            space.append(dataclasses.replace(tma, tile_h=8 * rows, rows_per_thread=rows, stages=stages,
+                                             resident_blocks=resident).to_dict())
         return space
 
     def _register_geometry(self, spec: ConvSpec, tiles: DirectTiles) -> dict:
@@ -235,9 +269,54 @@ class Direct(Family):
             "slices": spec.c * (spec.filter_size[0] if spec.dims == 3 else 1),
         }
 
+    def _tma_geometry(self, spec: ConvSpec, tiles: DirectTiles) -> dict:
+        """tiled_tma's refusals, then tiled_register's geometry with the TMA box: ``row_pitch``
+        columns (128 outputs plus the filter's reach, from the aligned column before the halo)
+        by the halo's rows, each buffer starting 128-byte aligned."""
+        variant = ("tiles.variant", "tiled_tma")
+        if spec.layout.channels_last:
+            raise SpecError(*variant, "copies W-contiguous rows as TMA boxes, so it needs a channels-first layout "
+                            f"(NCHW, NCDHW), not {spec.layout.value}; tiled_register takes channels-last")
+        if tuple(spec.stride[-2:]) != (1, 1):
+            raise SpecError(*variant, f"needs stride 1 along H and W (the spec has {tuple(spec.stride[-2:])}); "
+                            "tiled_register takes other strides")
+        if spec.input_size[-1] % 4:
+            raise SpecError(*variant, f"needs W a multiple of 4, so that TMA rows start on 16-byte boundaries "
+                            f"(W = {spec.input_size[-1]}); tiled_register takes any W")
+        if (tiles.tile_w, tiles.per_thread) != (128, 4):
+            raise SpecError("tiles.tile_w/per_thread", (tiles.tile_w, tiles.per_thread),
+                            "tiled_tma takes 32 threads of 4 outputs across W: tile_w 128, per_thread 4")
+        geometry = self._register_geometry(spec, tiles)
+        warps = tiles.tile_h // tiles.rows_per_thread
+        if warps > 16:
+            raise SpecError("tiles.tile_h", tiles.tile_h, f"tile_h / rows_per_thread is the number of consumer warps; "
+                            f"at most 16 (here {warps})")
+        rows_axis, _ = geometry["terms"]["axes"]
+        box = (geometry["row_pitch"], rows_axis["halo_extent"])
+        if box[0] > TMA_BOX_LIMIT:
+            raise SpecError("filter_size", spec.filter_size, f"a tile's input row spans {box[0]} columns (128 outputs "
+                            f"plus the filter's reach); one TMA box holds at most {TMA_BOX_LIMIT}")
+        if box[1] > TMA_BOX_LIMIT:
+            raise SpecError("tiles.tile_h", tiles.tile_h, f"the tile's input spans {box[1]} rows; one TMA box holds "
+                            f"at most {TMA_BOX_LIMIT}")
+        stage_floats = -(-box[0] * box[1] // 32) * 32
+        return {**geometry, "box": box, "stage_floats": stage_floats, "stage_bytes": stage_floats * 4}
+
+    @staticmethod
+    def _input_map(alg: index.IndexAlgebra, box: tuple[int, int]) -> TensorMap:
+        """The channels-first image as N x C x (D x) H x W, innermost first, read in boxes of one
+        (depth,) channel and image."""
+        shape = alg.image_shape[::-1]
+        strides, step = [], 4
+        for size in shape[:-1]:
+            step *= size
+            strides.append(step)
+        return TensorMap("x", tuple(shape), tuple(strides), (*box, *(1,) * (len(shape) - 2)))
+
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> DirectTiles:
         """Unset tiles come from the heuristic of the requested variant."""
-        base = self.register_tiles(spec) if requested.get("variant") == "tiled_register" else self.default_tiles(spec)
+        base = {"tiled_register": self.register_tiles, "tiled_tma": self.tma_tiles}.get(
+            requested.get("variant"), self.default_tiles)(spec)
         return DirectTiles.from_dict({**base.to_dict(), **requested})
 
     def plan(self, spec: ConvSpec, tiles: DirectTiles) -> KernelPlan:
@@ -246,11 +325,16 @@ class Direct(Family):
         filter_bytes = _filter_bytes(alg)
         context: dict = {}
         constants: tuple[tuple[str, str], ...] = ()
-        if tiles.filter_memory == "constant" and variant != "tiled_register":
-            raise SpecError("tiles.filter_memory", "constant",
-                            "applies to variant tiled_register only; variant constant always reads a __constant__ filter")
+        if tiles.filter_memory == "constant" and variant not in ("tiled_register", "tiled_tma"):
+            raise SpecError("tiles.filter_memory", "constant", "applies to tiled_tma and tiled_register only; "
+                            "variant constant always reads a __constant__ filter")
         if tiles.min_blocks and variant != "tiled_register":
             raise SpecError("tiles.min_blocks", tiles.min_blocks, "applies to variant tiled_register only (leave it 0)")
+        if tiles.stages > 3 and variant == "tiled_register":
+            raise SpecError("tiles.stages", tiles.stages, "must be in [1, 3] for tiled_register (more buffers only "
+                            "lower its resident blocks); tiled_tma takes up to 8")
+        if tiles.resident_blocks != 1 and variant != "tiled_tma":
+            raise SpecError("tiles.resident_blocks", tiles.resident_blocks, "applies to variant tiled_tma only (leave it 1)")
         constant_filter = variant == "constant" or tiles.filter_memory == "constant"
         dynamic_shared = 0
         if constant_filter and filter_bytes > CONSTANT_BANK_BYTES:
@@ -278,6 +362,18 @@ class Direct(Family):
                                stages=tiles.stages, tiles_per_block=tiles.tiles_per_block, min_blocks=tiles.min_blocks,
                                copy=copy_split(geometry["row_units"], terms["axes"][0]["halo_extent"], block[0] * block[1]))
                 first, per_block = "group", tiles.tiles_per_block
+            elif variant == "tiled_tma":
+                geometry = self._tma_geometry(spec, tiles)
+                terms = geometry.pop("terms")
+                consumers = tiles.tile_w // tiles.per_thread * (tiles.tile_h // tiles.rows_per_thread)
+                block = (consumers + 32, 1, 1)
+                dynamic_shared = TMA_BARRIER_BYTES + geometry["stage_bytes"] * tiles.stages
+                shared_check = (dynamic_shared, "tiles.tile_h/stages", (tiles.tile_h, tiles.stages), True)
+                context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
+                               stages=tiles.stages, resident_blocks=tiles.resident_blocks, consumer_threads=consumers,
+                               consumer_warps=consumers // 32, threads_across=tiles.tile_w // tiles.per_thread,
+                               tensor_rank=spec.dims + 2)
+                first, per_block = "tile", 1
             else:
                 terms = index.tile_terms(alg, tile)
                 if variant == "tiled_halo":
@@ -291,19 +387,27 @@ class Direct(Family):
             rows_axis, cols_axis = terms["axes"]
             outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], -(-rows_axis["tiles"] // per_block), cols_axis["tiles"])
             grid = (math.prod(outer), 1, 1)
+            if variant == "tiled_tma":
+                context["tiles_total"] = grid[0]
+                grid = (min(grid[0], SM_COUNT_HINT * tiles.resident_blocks), 1, 1)
             names = (["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)]
                      + [f"{first}{rows_axis['axis']}", f"tile{cols_axis['axis']}"])
             context.update(terms, block_names=names,
                            block_coords=[index.to_c(e) for e in index.decompose(alg.t, outer)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
+        if variant == "tiled_tma":
+            launch = Launch(name, grid, block, dynamic_shared, args=("y",) if constant_filter else ("w", "y"),
+                            tensor_maps=(self._input_map(alg, context["box"]),))
+        else:
+            launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
         context.update(index.template_context(alg, launch.threads, column_matrix=False))
         context.update(variant=variant, kernel=name, block_threads=block[0] * block[1], constant_filter=constant_filter)
         context.update(convolution_selftest_context(alg))
         buffers = (Buffer("x", alg.image_shape, "in", 16 if context.get("vector_load") else 4),
                    Buffer("w", alg.filter_shape, "in"),
                    Buffer("y", alg.output_shape, "out", 16 if context.get("vector_store") else 4))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants)
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants,
+                          min_arch=90 if variant == "tiled_tma" else 0)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
