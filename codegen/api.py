@@ -167,6 +167,13 @@ class Kernel:
         return self._functions[device_id]["module"].get_global_var(symbol)
 
 
+def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
+    """Refuse a target older than the plan's instructions need (TMA: sm_90) before compiling."""
+    if kernel_plan.min_arch and int("".join(ch for ch in arch[3:] if ch.isdigit())) < kernel_plan.min_arch:
+        raise SpecError("arch", arch, f"{kernel_plan.family} variant {kernel_plan.variant} uses "
+                        f"sm_{kernel_plan.min_arch} instructions; build it for sm_{kernel_plan.min_arch} or newer")
+
+
 def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> Kernel:
     """Plan, render and compile (through the cache) the ``family`` kernel for ``spec``.
 
@@ -174,9 +181,7 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
     (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched)."""
     kernel_plan = plan(family, spec, tiles)
     arch = resolve_arch(arch)
-    if kernel_plan.min_arch and int("".join(ch for ch in arch[3:] if ch.isdigit())) < kernel_plan.min_arch:
-        raise SpecError("arch", arch, f"{family} variant {kernel_plan.variant} uses sm_{kernel_plan.min_arch} "
-                        f"instructions (TMA); build it for sm_{kernel_plan.min_arch} or newer")
+    check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{family}.cu", arch)
     return Kernel(kernel_plan, source, compiled)

@@ -5,7 +5,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from codegen.api import plan as make_plan
+from codegen.api import check_arch, plan as make_plan
 from codegen.compile import DEFAULT_ARCH
 from codegen.render import render
 from codegen.spec import ConvSpec, SpecError
@@ -16,6 +16,7 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
                 file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH) -> str:
     """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
     kernel_plan = make_plan(family, spec, tiles)
+    check_arch(kernel_plan, arch)
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")

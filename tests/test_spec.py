@@ -143,6 +143,7 @@ def test_tma_tile_refusals_name_the_field_and_what_is_allowed():
     """tiled_tma reads W-contiguous rows in TMA boxes: each shape it cannot take is refused before
     compiling, naming the field and pointing at tiled_register; an arch without TMA is refused by build."""
     from codegen.api import build
+    from codegen.emit import emit_source
 
     tma = {"variant": "tiled_tma"}
     first = make(layout="NCHW")
@@ -162,6 +163,8 @@ def test_tma_tile_refusals_name_the_field_and_what_is_allowed():
         plan("direct", first, {"variant": "tiled_register", "resident_blocks": 2})
     with pytest.raises(SpecError, match="arch='sm_80'.*sm_90 instructions"):
         build("direct", first, tma, arch="sm_80")
+    with pytest.raises(SpecError, match="arch='sm_86'.*sm_90 instructions"):
+        emit_source("direct", first, tma, arch="sm_86")
 
 
 def test_tma_plan_passes_the_image_as_a_tensor_map():
