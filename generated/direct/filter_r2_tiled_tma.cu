@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_tensor_copy(float* dst, const con
 }
 // Tiled with register blocking, fed by the tensor memory accelerator (sm_90+).  Persistent blocks walk
 // the 32x128 output tiles; for each tile and input slice (1 channel) one producer
-// thread issues one TMA copy of the 36x136 input box (from the aligned column 2 before the halo;
+// thread issues one TMA copy of the 36x136 input box (from 2 column(s) before the halo, so that rows start 16-byte aligned;
 // the hardware writes zeros for ghost cells) into one of 4 shared buffers and signals its "full"
 // mbarrier; 8 consumer warps wait on it, compute, and release the buffer on its "empty" mbarrier.
 // No block-wide barrier runs in the loop.  Each consumer thread computes 4x4 outputs, walking its
