@@ -54,6 +54,22 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
 
 
 @st.composite
+def tma_specs(draw, dims: int, max_h: int = 40, max_w: int = 160) -> ConvSpec:
+    """Specs tiled_tma takes (channels-first, stride 1 along H and W, W a multiple of 4), all else
+    free: padding, dilation, depth stride, N, C, K, and (by default) widths past one 128-column tile."""
+    sizes = (*(draw(st.integers(1, 6)) for _ in range(dims - 2)), draw(st.integers(1, max_h)),
+             4 * draw(st.integers(1, max_w // 4)))
+    filters = tuple(draw(st.integers(1, 3 if j < dims - 2 else 5)) for j in range(dims))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(dims))
+    padding = tuple(draw(st.integers(0, 3)) for _ in range(dims))
+    stride = (*(draw(st.integers(1, 2)) for _ in range(dims - 2)), 1, 1)
+    assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
+    return ConvSpec(dims=dims, layout="NCHW" if dims == 2 else "NCDHW", n=draw(st.integers(1, 2)),
+                    c=draw(st.integers(1, 3)), k=draw(st.integers(1, 3)), input_size=sizes, filter_size=filters,
+                    stride=stride, padding=padding, dilation=dilation)
+
+
+@st.composite
 def gemm_tiles(draw) -> dict:
     """Valid GEMM-core tile choices of every shape: warp layouts from 1x32 to 32x1, micro-tiles
     from 1x1 to 12x12 (12: three float4 fragment groups), 1 to 8 warps, every pipeline and load

@@ -209,11 +209,12 @@ def stage_copies(split: dict, units: int, rows: int, unit_floats: int, threads: 
 
 
 def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The tiled_register kernel's tile algebra run on the CPU, thread by thread: the shared tile
-    is filled from the copy origin the kernel prints (NaN where the kernel copies nothing, zeros
-    for ghost cells), each thread reads its windows at the printed offsets and applies the
-    (output row, filter row) pairs the template lists.  Only the layout's x/y offsets are left to
-    the GPU tests."""
+    """The tiled_register (or tiled_tma) kernel's tile algebra run on the CPU, thread by thread:
+    the shared tile is filled from the copy origin the kernel prints (NaN where the kernel copies
+    nothing, zeros for ghost cells; tiled_tma's TMA box fills every cell of its rows x row pitch,
+    and its first column must sit on a 16-byte boundary), each thread reads its windows at the
+    printed offsets and applies the (output row, filter row) pairs the template lists.  Only the
+    layout's x/y offsets are left to the GPU tests."""
     from codegen.families import get_family
 
     alg = IndexAlgebra(spec)
@@ -230,11 +231,21 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
         x, w = np.moveaxis(x[..., :spec.c], -1, 1), np.moveaxis(w, -1, 1)
     size_a, size_b = spec.input_size[a], spec.input_size[b]
 
-    def one(value: str, **values) -> int:
-        return int(_eval(value, **{k: np.int64(v) for k, v in values.items()}))
+    evaluated: dict = {}
 
-    copied = list(stage_copies(context["copy"], context["row_units"], rows_axis["halo_extent"],
-                               4 if context["vector_load"] else 1, threads[0] * threads[1]))
+    def one(value: str, **values) -> int:
+        """A printed index expression at integer values (memoised: the thread loops ask the same few)."""
+        key = (value, tuple(sorted(values.items())))
+        if key not in evaluated:
+            evaluated[key] = int(_eval(value, **{k: np.int64(v) for k, v in values.items()}))
+        return evaluated[key]
+
+    if tiles.variant == "tiled_tma":
+        assert context["box"] == (context["row_pitch"], rows_axis["halo_extent"]), context["box"]
+        copied = [(row, col) for row in range(rows_axis["halo_extent"]) for col in range(context["row_pitch"])]
+    else:
+        copied = list(stage_copies(context["copy"], context["row_units"], rows_axis["halo_extent"],
+                                   4 if context["vector_load"] else 1, threads[0] * threads[1]))
 
     def plane(xp: np.ndarray, wp: np.ndarray) -> np.ndarray:
         """One 2D convolution (N, C, H, W) * (K, C, R, S) the way the kernel's blocks compute it."""

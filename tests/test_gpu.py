@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen.fuzz import compare, gemm_tiles, run_on_gpu, specs
+from codegen.fuzz import compare, gemm_tiles, run_on_gpu, specs, tma_specs
 from codegen.spec import ConvSpec, Layout
 
 pytestmark = pytest.mark.gpu
@@ -260,23 +260,6 @@ def test_direct_register_switches(dims, data, seed, per_thread, rows, across, do
              "filter_memory": filter_memory, "min_blocks": min_blocks}
     assume(_direct_tiles_valid(spec, tiles))
     _assert_matches("direct", spec, tiles, seed)
-
-
-@st.composite
-def tma_specs(draw, dims: int) -> ConvSpec:
-    """Specs tiled_tma takes (channels-first, stride 1 along H and W, W a multiple of 4), all else
-    free: padding, dilation, depth stride, N, C, K, and widths past one 128-column tile."""
-    from hypothesis import assume
-
-    sizes = (*(draw(st.integers(1, 6)) for _ in range(dims - 2)), draw(st.integers(1, 40)), 4 * draw(st.integers(1, 40)))
-    filters = tuple(draw(st.integers(1, 3 if j < dims - 2 else 5)) for j in range(dims))
-    dilation = tuple(draw(st.integers(1, 2)) for _ in range(dims))
-    padding = tuple(draw(st.integers(0, 3)) for _ in range(dims))
-    stride = (*(draw(st.integers(1, 2)) for _ in range(dims - 2)), 1, 1)
-    assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
-    return ConvSpec(dims=dims, layout="NCHW" if dims == 2 else "NCDHW", n=draw(st.integers(1, 2)),
-                    c=draw(st.integers(1, 3)), k=draw(st.integers(1, 3)), input_size=sizes, filter_size=filters,
-                    stride=stride, padding=padding, dilation=dilation)
 
 
 @GPU
