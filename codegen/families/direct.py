@@ -137,7 +137,8 @@ class Direct(Family):
     name = "direct"
     template = "direct.cu.j2"
     tiles_type = DirectTiles
-    summary = "direct convolution: basic, constant-memory filter, shared-memory halo, halo from cache"
+    summary = ("direct convolution: basic, constant-memory filter, shared-memory halo, halo from cache, register "
+               "tiles fed by cp.async or (sm_90) TMA")
 
     def default_tiles(self, spec: ConvSpec) -> DirectTiles:
         """Tiled with the halo in shared memory, the seed's fastest for a single-channel filter, with
