@@ -40,7 +40,7 @@ class TensorMap:
     """A TMA tensor map of a buffer, passed by value before the buffer arguments: the fp32 tensor
     of ``dims`` elements (innermost first) with byte ``strides`` for every dimension but the
     innermost, read in boxes of ``box`` elements; elements outside the tensor read as zero.  The
-    map holds the buffer's address, so the launcher encodes it anew for every launch."""
+    map holds the buffer's address, so the launcher encodes one per buffer address."""
 
     buffer: str
     dims: tuple[int, ...]

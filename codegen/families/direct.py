@@ -373,7 +373,7 @@ class Direct(Family):
                 context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
                                stages=tiles.stages, resident_blocks=tiles.resident_blocks, consumer_threads=consumers,
                                consumer_warps=consumers // 32, threads_across=tiles.tile_w // tiles.per_thread,
-                               tensor_rank=spec.dims + 2)
+                               tensor_rank=spec.dims + 2, barrier_floats=TMA_BARRIER_BYTES // 4)
                 first, per_block = "tile", 1
             else:
                 terms = index.tile_terms(alg, tile)
