@@ -523,6 +523,22 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[i
 
 
 # -- GEMM view of the convolution (implicit_gemm, im2win) -------------------------------------
+def warp_lane_layout(lanes_m: int, lanes_n: int) -> tuple[sympy.Expr, sympy.Expr]:
+    """(lane_m, lane_n): where lane ``lane`` of a lanes_m x lanes_n warp sits in the warp tile.
+
+    Lanes pair up as in CUTLASS's interleaved SIMT lane layout: lanes 2i and 2i+1 share an A
+    fragment, lanes i and i^2 a B fragment.  A float4 shared-memory read whose lanes pair up so
+    takes two wavefronts instead of four (NVIDIA: shared memory returns 128 bytes a cycle, and a
+    pair reading one address returns as one), which halves the A reads' cost.  A warp one lane
+    wide along M or N has no pairs to form and keeps the plain layout."""
+    lane = _sym("lane")
+    if lanes_n == 1:
+        return lane, sympy.Integer(0)
+    if lanes_m == 1:
+        return sympy.Integer(0), lane
+    return sympy.Mod(sympy.floor(lane / 2), lanes_m), sympy.Mod(lane, 2) + 2 * sympy.floor(lane / (2 * lanes_m))
+
+
 def gemm_sizes(algebra: IndexAlgebra) -> tuple[int, int, int]:
     """(GEMM_M, GEMM_N, GEMM_K) = (N*OD*OH*OW, K, C*T*R*S): rows of A are output pixels, its
     columns the column-matrix rows (so B is the filter read in its own memory order)."""

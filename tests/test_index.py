@@ -322,3 +322,17 @@ def test_unselected_addresses_are_inside_only_without_padding():
     padded = ConvSpec.from_dict({**unpadded.to_dict(), "padding": (2, 0)})
     inside, low, high, size = formed(padded)
     assert not inside and low < 0
+
+
+@pytest.mark.parametrize("lanes_m", [1, 2, 4, 8, 16, 32])
+def test_warp_lane_layout_places_each_lane_once_and_pairs_fragment_reads(lanes_m):
+    """Each of the 32 lanes gets its own place in the warp tile, and wherever a warp is at least
+    two lanes wide both ways, lanes 2i and 2i+1 share an A fragment and lanes i and i^2 a B
+    fragment (the pairs that let a float4 shared-memory read return in two wavefronts)."""
+    lanes_n = 32 // lanes_m
+    lane = np.arange(32)
+    lane_m, lane_n = (index.evaluate(e, {"lane": lane}) for e in index.warp_lane_layout(lanes_m, lanes_n))
+    assert sorted(zip(lane_m.tolist(), lane_n.tolist())) == list(itertools.product(range(lanes_m), range(lanes_n)))
+    if lanes_m > 1 and lanes_n > 1:
+        assert (lane_m == lane_m[lane ^ 1]).all()
+        assert (lane_n == lane_n[lane ^ 2]).all()

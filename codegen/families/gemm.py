@@ -16,7 +16,9 @@ Shared memory is dynamic (up to 227 KB on sm_90, opted into by the launchers abo
 Both operands sit in shared memory as k-slices of contiguous rows ([block_k][block_m + 4]), as in
 CUTLASS's SIMT kernels: a thread owns groups of four adjacent pixels and channels, so one float4
 read gives a fragment group for one k-step (16 registers of fragments for an 8x8 micro-tile), and
-the +4 pad puts the k-slices written by k-major loaders on different banks.
+the +4 pad puts the k-slices written by k-major loaders on different banks.  Lanes sit in the warp
+in pairs that read one fragment (``index.warp_lane_layout``), as in CUTLASS's interleaved lane
+layout, so those float4 reads take two shared-memory wavefronts instead of four.
 Padding is tested per A element by one bit of a per-pixel tap mask (``index.tap_mask_bits``)
 where the table is used and the filter has at most 64 taps, by a range test per padded axis
 otherwise.
@@ -285,6 +287,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     check_geometry(tiles)
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
+    lane_m, lane_n = index.warp_lane_layout(tiles.warp_m // tiles.thread_m, tiles.warp_n // tiles.thread_n)
     a_vec = 4 if tiles.vector_load and a_vector_ok else 1
     b_vec = 4 if tiles.vector_load and gemm_k % 4 == 0 else 1
     threads = tiles.threads
@@ -304,6 +307,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "VM": min(4, tiles.thread_m) if tiles.vector_smem else 1, "VN": min(4, tiles.thread_n) if tiles.vector_smem else 1,
         "TM": tiles.thread_m, "TN": tiles.thread_n,
         "lanes_m": tiles.warp_m // tiles.thread_m, "lanes_n": tiles.warp_n // tiles.thread_n,
+        "lane_m": index.to_c(lane_m), "lane_n": index.to_c(lane_n),
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
         "stages": tiles.stages, "async_copy": tiles.async_copy,
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),

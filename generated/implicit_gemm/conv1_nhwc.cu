@@ -116,9 +116,13 @@ convgen_implicit_gemm_precomp_ea838da92a(const float* __restrict__ x, const floa
 
     const int warp = tid / 32;
     const int lane = tid % 32;
+    // The lane's place in the 4x8-lane warp: lanes 2i and 2i+1 read the same A fragment, lanes i and
+    // i^2 the same B fragment, so a float4 fragment read costs two shared-memory wavefronts, not four.
+    const int lane_m = ((((lane) / 2)) % 4);
+    const int lane_n = ((lane) % 2) + 2*((lane) / 8);
     // A thread owns 2 group(s) of 4 adjacent pixels and 3 of 4 adjacent channels, groups 16 and 32 apart.
-    const int row_m = (warp % 4) * 32 + (lane % 4) * 4;
-    const int row_n = (warp / 4) * 96 + (lane / 4) * 4;
+    const int row_m = (warp % 4) * 32 + lane_m * 4;
+    const int row_n = (warp / 4) * 96 + lane_n * 4;
     float acc[8][12];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
