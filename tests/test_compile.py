@@ -156,6 +156,26 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
         (128, 96, 16, 8, 12, 128)
 
 
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+@pytest.mark.parametrize("layout, c, tiles, where", [
+    ("NCHW", 64, None, "__constant__"),
+    ("NHWC", 64, None, "__device__ const"),
+    ("NCHW", 2048, None, "__device__ const"),
+    ("NCHW", 64, {"block_m": 16, "block_n": 64, "warp_m": 16, "warp_n": 32, "thread_m": 4, "thread_n": 4},
+     "__device__ const"),
+])
+def test_row_table_is_in_constant_memory_only_where_warps_read_one_row_and_it_fits(family, layout, c, tiles, where):
+    """The constant cache serves one address per warp: the table goes there when the A loader runs
+    along pixels in whole warps and the table fits the 64 KB bank, and stays in global memory for
+    channels-last loaders (lanes on different rows), 16-thread pixel rows, and C = 2048 (73 KB)."""
+    spec = ConvSpec(dims=2, layout=layout, n=2, c=c, k=64, input_size=(12, 12), filter_size=3)
+    kernel_plan = plan(family, spec, tiles)
+    code = render_kernels(kernel_plan).code
+    declaration = next(line for line in code.splitlines() if "_rows[" in line and "=" in line)
+    assert declaration.startswith(where + " int"), declaration
+    build(family, spec, tiles, arch="sm_90")
+
+
 def test_benchmark_layers_need_less_extra_memory_than_im2col_gemm():
     """Issue 4's memory target, exact from the heuristic plans: im2win (its window tensor, one batch
     chunk at a time) and implicit GEMM (its row table) need less than im2col + GEMM's column

@@ -46,6 +46,8 @@ WIDE_TILES = ((128, 128, 64, 64, 16, 8), (256, 64, 128, 32, 16, 8), (256, 64, 64
               (128, 128, 64, 64, 8, 16))
 """(block_m, block_n, warp_m, warp_n, thread_m, thread_n) of the tuner's seeds: 128 threads of
 16x8 or 8x16 outputs."""
+CONSTANT_BANK_BYTES = 65536
+"""A module's ``__constant__`` data (sm_50 and later): the row table goes there when it fits."""
 REGISTER_OVERHEAD = 40
 """Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
 benchmark layers: 30-45 beyond accumulators and fragments)."""
@@ -301,6 +303,8 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     table = index.row_table(alg, terms, tap_masks=bool(mask_bits)) if tiles.precomp else []
     if table and max(abs(v) for row in table for v in row) > index.INT32_MAX:
         raise SpecError("tiles.precomp", True, "row offsets pass 32 bits; use precomp=False")
+    table_slots = 1 if table_width == 1 else 2 if table_width == 2 else 4
+    table_rows = k_tiles * tiles.block_k if table else 0
     return {
         "BM": tiles.block_m, "BN": tiles.block_n, "BK": tiles.block_k,
         "BMP": tiles.block_m + SMEM_PAD, "BNP": tiles.block_n + SMEM_PAD,
@@ -322,13 +326,24 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "a_select": not index.unselected_addresses_inside(alg, terms) or (gemm_k % tiles.block_k != 0
                                                                            and not tiles.precomp),
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
-        "table": table + [(0,) * len(table[0])] * (k_tiles * tiles.block_k - gemm_k) if table else [],
+        "table": table + [(0,) * len(table[0])] * (table_rows - gemm_k) if table else [],
         "table_width": table_width,
-        "table_slots": 1 if table_width == 1 else 2 if table_width == 2 else 4,
+        "table_slots": table_slots,
+        "table_in_constant": table_in_constant(a_load, table_rows * table_slots * 4),
         "mask_bits": mask_bits,
         **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
         "row_coords": [index.to_c(e) for e in alg.row_coords],
     }
+
+
+def table_in_constant(a_load: dict, table_bytes: int) -> bool:
+    """Whether the row table can live in constant memory: it must fit the constant bank, and every
+    warp must read one row at a time, as it does when the A loader runs along pixels in whole
+    warps (the constant cache serves one address per warp per cycle and serialises the rest).
+    Its loads then leave the L1 path that the tile copies and fragment reads share: same-run A/B
+    on an H100 against the table in global memory, conv4 +3.6 %, conv8 +2.7 %, unet3d_l1 +4.2 %,
+    conv9 +1.9 %, conv1 +1.2 %, c3d_conv2 and conv3 +0.4 %."""
+    return a_load["m_fastest"] and a_load["row_threads"] % 32 == 0 and 0 < table_bytes <= CONSTANT_BANK_BYTES
 
 
 def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:

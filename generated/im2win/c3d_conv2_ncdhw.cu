@@ -54,7 +54,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_61c934f252_rows[1728] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_61c934f252_rows[1728] = {
     0,9,18,1,10,19,2,11,
     20,3,12,21,4,13,22,5,
     14,23,6,15,24,7,16,25,

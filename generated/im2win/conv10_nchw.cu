@@ -51,7 +51,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_4b084c420a_rows[1152] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_4b084c420a_rows[1152] = {
     0,3,6,1,4,7,2,5,
     8,2184,2187,2190,2185,2188,2191,2186,
     2189,2192,4368,4371,4374,4369,4372,4375,

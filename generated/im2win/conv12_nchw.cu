@@ -51,7 +51,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_a6db34a55f_rows[4608] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_a6db34a55f_rows[4608] = {
     0,3,6,1,4,7,2,5,
     8,105,108,111,106,109,112,107,
     110,113,210,213,216,211,214,217,

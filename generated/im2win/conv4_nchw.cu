@@ -52,7 +52,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_5a873a43f4_rows[3136] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_5a873a43f4_rows[3136] = {
     0,7,14,21,28,35,42,1,
     8,15,22,29,36,43,2,9,
     16,23,30,37,44,3,10,17,

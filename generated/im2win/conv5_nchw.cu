@@ -51,7 +51,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_d0f808ab77_rows[2400] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_d0f808ab77_rows[2400] = {
     0,5,10,15,20,1,6,11,
     16,21,2,7,12,17,22,3,
     8,13,18,23,4,9,14,19,

@@ -51,7 +51,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_2f28978f5b_rows[32] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_2f28978f5b_rows[32] = {
     0,3,6,1,4,7,2,5,
     8,149184,149187,149190,149185,149188,149191,149186,
     149189,149192,298368,298371,298374,298369,298372,298375,

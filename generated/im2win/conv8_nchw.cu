@@ -52,7 +52,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_5d4127073a_rows[576] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_5d4127073a_rows[576] = {
     0,3,6,1,4,7,2,5,
     8,36960,36963,36966,36961,36964,36967,36962,
     36965,36968,73920,73923,73926,73921,73924,73927,

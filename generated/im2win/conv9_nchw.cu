@@ -51,7 +51,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
-__device__ const int convgen_im2win_precomp_d37b877b99_rows[576] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_im2win_precomp_d37b877b99_rows[576] = {
     0,3,6,1,4,7,2,5,
     8,9072,9075,9078,9073,9076,9079,9074,
     9077,9080,18144,18147,18150,18145,18148,18151,

@@ -33,7 +33,8 @@ static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.w
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
 // row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
-__device__ const int2 convgen_implicit_gemm_precomp_1a8f46ad28_rows[1728] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int2 convgen_implicit_gemm_precomp_1a8f46ad28_rows[1728] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 56, 3 },{ 57, 4 },{ 58, 5 },{ 112, 6 },{ 113, 7 },
     { 114, 8 },{ 3136, 9 },{ 3137, 10 },{ 3138, 11 },{ 3192, 12 },{ 3193, 13 },{ 3194, 14 },{ 3248, 15 },
     { 3249, 16 },{ 3250, 17 },{ 6272, 18 },{ 6273, 19 },{ 6274, 20 },{ 6328, 21 },{ 6329, 22 },{ 6330, 23 },

@@ -33,7 +33,8 @@ static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.w
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
 // row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
-__device__ const int2 convgen_implicit_gemm_precomp_e21bb59e8b_rows[3456] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int2 convgen_implicit_gemm_precomp_e21bb59e8b_rows[3456] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 28, 3 },{ 29, 4 },{ 30, 5 },{ 56, 6 },{ 57, 7 },
     { 58, 8 },{ 784, 9 },{ 785, 10 },{ 786, 11 },{ 812, 12 },{ 813, 13 },{ 814, 14 },{ 840, 15 },
     { 841, 16 },{ 842, 17 },{ 1568, 18 },{ 1569, 19 },{ 1570, 20 },{ 1596, 21 },{ 1597, 22 },{ 1598, 23 },

@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_149dbf64f8_rows[1152] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_149dbf64f8_rows[1152] = {
     0,1,2,28,29,30,56,57,
     58,784,785,786,812,813,814,840,
     841,842,1568,1569,1570,1596,1597,1598,

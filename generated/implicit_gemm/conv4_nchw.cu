@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_55277dd879_rows[3136] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_55277dd879_rows[3136] = {
     0,1,2,3,4,5,6,224,
     225,226,227,228,229,230,448,449,
     450,451,452,453,454,672,673,674,

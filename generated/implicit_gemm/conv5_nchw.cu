@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_a72ae17980_rows[2400] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_a72ae17980_rows[2400] = {
     0,1,2,3,4,24,25,26,
     27,28,48,49,50,51,52,72,
     73,74,75,76,96,97,98,99,

@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_8ef7646a9a_rows[2304] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_8ef7646a9a_rows[2304] = {
     0,1,2,12,13,14,24,25,
     26,144,145,146,156,157,158,168,
     169,170,288,289,290,300,301,302,

@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_6fa522df6a_rows[32] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_6fa522df6a_rows[32] = {
     0,1,2,224,225,226,448,449,
     450,50176,50177,50178,50400,50401,50402,50624,
     50625,50626,100352,100353,100354,100576,100577,100578,

@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_eaae66b7a1_rows[576] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_eaae66b7a1_rows[576] = {
     0,1,2,112,113,114,224,225,
     226,12544,12545,12546,12656,12657,12658,12768,
     12769,12770,25088,25089,25090,25200,25201,25202,

@@ -32,7 +32,8 @@ template <int pending>
 static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
-__device__ const int convgen_implicit_gemm_precomp_936be4ae8b_rows[576] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int convgen_implicit_gemm_precomp_936be4ae8b_rows[576] = {
     0,1,2,56,57,58,112,113,
     114,3136,3137,3138,3192,3193,3194,3248,
     3249,3250,6272,6273,6274,6328,6329,6330,

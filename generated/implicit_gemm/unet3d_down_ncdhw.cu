@@ -33,7 +33,8 @@ static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.w
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
 // row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
-__device__ const int2 convgen_implicit_gemm_precomp_f7426260d2_rows[1728] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int2 convgen_implicit_gemm_precomp_f7426260d2_rows[1728] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 32, 3 },{ 33, 4 },{ 34, 5 },{ 64, 6 },{ 65, 7 },
     { 66, 8 },{ 1024, 9 },{ 1025, 10 },{ 1026, 11 },{ 1056, 12 },{ 1057, 13 },{ 1058, 14 },{ 1088, 15 },
     { 1089, 16 },{ 1090, 17 },{ 2048, 18 },{ 2049, 19 },{ 2050, 20 },{ 2080, 21 },{ 2081, 22 },{ 2082, 23 },

@@ -33,7 +33,8 @@ static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.w
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
 // row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
-__device__ const int2 convgen_implicit_gemm_precomp_9cb551de3e_rows[864] = {
+// In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
+__constant__ int2 convgen_implicit_gemm_precomp_9cb551de3e_rows[864] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 64, 3 },{ 65, 4 },{ 66, 5 },{ 128, 6 },{ 129, 7 },
     { 130, 8 },{ 4096, 9 },{ 4097, 10 },{ 4098, 11 },{ 4160, 12 },{ 4161, 13 },{ 4162, 14 },{ 4224, 15 },
     { 4225, 16 },{ 4226, 17 },{ 8192, 18 },{ 8193, 19 },{ 8194, 20 },{ 8256, 21 },{ 8257, 22 },{ 8258, 23 },
