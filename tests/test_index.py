@@ -106,6 +106,24 @@ def test_direct_kernels_prove_their_index_type_without_the_column_matrix():
         assert context["idx_t"] == "int" and context["largest_index"] < 2**31
 
 
+def test_implicit_gemm_proves_its_index_type_without_the_column_matrix():
+    """conv4's column matrix (4.8e9 elements) is never formed by implicit GEMM, so its kernel
+    keeps 32-bit offsets; an image past 2^31 elements still needs 64 bits, and so does a pixel
+    count that passes 2^31 once rounded up to whole tiles of 96 pixels."""
+    from codegen.api import plan
+
+    conv4 = ConvSpec(dims=2, layout="NCHW", n=128, c=64, k=64, input_size=(224, 224), filter_size=(7, 7), stride=2)
+    assert plan("im2col", conv4).context["idx_t"] == "long long"
+    assert plan("implicit_gemm", conv4).context["idx_t"] == "int"
+    huge_image = ConvSpec(dims=2, layout="NCHW", n=9, c=1, k=1, input_size=(16384, 16384), filter_size=(1, 1))
+    assert plan("implicit_gemm", huge_image).context["idx_t"] == "long long"
+    long_row = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 2**31 - 1), filter_size=(1, 1))
+    assert plan("implicit_gemm", long_row).context["idx_t"] == "int"
+    tiles_of_96 = {"block_m": 96, "block_n": 32, "warp_m": 48, "warp_n": 32, "thread_m": 12, "thread_n": 4}
+    context = plan("implicit_gemm", long_row, tiles_of_96).context
+    assert context["idx_t"] == "long long" and context["largest_index"] >= 2**31
+
+
 def test_index_type_counts_the_padded_thread_grid():
     """A buffer just under 2^31 elements still needs 64 bits when the rounded-up grid passes 2^31."""
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 2**31 - 1), filter_size=(1, 1))
