@@ -55,3 +55,14 @@ def test_generated_source_is_tidy():
     code = render_kernels(plan("col2im", SPEC)).code
     assert "\n\n\n" not in code and code.endswith("\n") and not code.startswith("\n")
     assert all(line == line.rstrip() for line in code.splitlines())
+
+
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+def test_gemm_copy_switch_changes_the_kernel(family):
+    """async_copy=False renders the register-staging loader (a template import once shadowed the
+    switch, so both settings rendered cp.async)."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=8, k=8, input_size=(12, 12), filter_size=3)
+    staged = render_kernels(plan(family, spec, {"async_copy": False, "stages": 2})).code
+    copied = render_kernels(plan(family, spec, {"async_copy": True, "stages": 2})).code
+    assert "cp.async" not in staged and "staged_a" in staged
+    assert "cp.async" in copied and "staged_a" not in copied
