@@ -176,6 +176,25 @@ def test_row_table_is_in_constant_memory_only_where_warps_read_one_row_and_it_fi
     build(family, spec, tiles, arch="sm_90")
 
 
+@pytest.mark.parametrize("tiles, barriers", [
+    (None, 48), ({"stages": 2}, 32), ({"stages": 4}, 64), ({"stages": 1}, 0), ({"async_copy": False, "stages": 2}, 0),
+])
+def test_gemm_pipeline_barriers_sit_in_dynamic_shared_memory_and_are_counted(tiles, barriers):
+    """A multi-stage cp.async pipeline keeps a full and an empty mbarrier per stage at the start of
+    dynamic shared memory (static ones would pass the opt-in limit unseen, as they once did for the
+    direct TMA kernel); the launch asks for them, and the one-stage and register-staging loops,
+    which synchronise with __syncthreads, have none."""
+    from codegen.families.gemm import barrier_bytes, shared_bytes
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=64, k=64, input_size=(12, 12), filter_size=3)
+    kernel_plan = plan("implicit_gemm", spec, tiles)
+    assert barrier_bytes(kernel_plan.tiles) == barriers
+    assert kernel_plan.launches[0].shared_bytes == shared_bytes(kernel_plan.tiles)
+    code = render_kernels(kernel_plan).code
+    assert "__shared__ unsigned long long" not in code
+    assert ("convgen_barrier_wait(&full[stage], phase)" in code) == (barriers > 0)
+
+
 def test_benchmark_layers_need_less_extra_memory_than_im2col_gemm():
     """Issue 4's memory target, exact from the heuristic plans: im2win (its window tensor, one batch
     chunk at a time) and implicit GEMM (its row table) need less than im2col + GEMM's column

@@ -150,7 +150,7 @@ def check_geometry(tiles: GemmTiles) -> None:
     shared = shared_bytes(tiles)
     if shared > DYNAMIC_SHARED_LIMIT:
         raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of {tiles.block_k}x"
-                        f"({tiles.block_m}+{tiles.block_n}+{2 * SMEM_PAD}) floats need {shared} bytes of shared memory; at most "
+                        f"({tiles.block_m}+{tiles.block_n}+{2 * SMEM_PAD}) floats and their barriers need {shared} bytes of shared memory; at most "
                         f"{DYNAMIC_SHARED_LIMIT} are allowed (sm_90 opt-in dynamic shared memory)")
     registers = register_estimate(tiles)
     if registers > REGISTER_LIMIT:
@@ -158,11 +158,18 @@ def check_geometry(tiles: GemmTiles) -> None:
                         f"the micro-tile needs about {registers} registers per thread; at most {REGISTER_LIMIT} exist")
 
 
+def barrier_bytes(tiles: GemmTiles) -> int:
+    """The mbarrier pairs (full, empty) of a multi-stage cp.async pipeline, first in dynamic shared
+    memory (so the opt-in limit counts them; 16-byte aligned for the tiles after them)."""
+    return -(-2 * 8 * tiles.stages // 16) * 16 if tiles.async_copy and tiles.stages > 1 else 0
+
+
 def shared_bytes(tiles: GemmTiles) -> int:
-    """The larger of the pipeline's stages and the epilogue's transposed tile (which reuses them)."""
+    """The barriers, then the larger of the pipeline's stages and the epilogue's transposed tile
+    (which reuses them)."""
     pipeline = tiles.stages * (tiles.block_m + tiles.block_n + 2 * SMEM_PAD) * tiles.block_k * 4
     epilogue = tiles.block_m * tiles.block_n * 4 + max(tiles.block_m, tiles.block_n) * SMEM_PAD * 4
-    return max(pipeline, epilogue)
+    return barrier_bytes(tiles) + max(pipeline, epilogue)
 
 
 def register_estimate(tiles: GemmTiles) -> int:
@@ -315,6 +322,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "warps_m": tiles.block_m // tiles.warp_m, "WM": tiles.warp_m, "WN": tiles.warp_n,
         "stages": tiles.stages, "async_copy": tiles.async_copy,
         "precomp": tiles.precomp, "threads": threads, "shared_bytes": shared_bytes(tiles),
+        "barrier_floats": barrier_bytes(tiles) // 4,
         "min_blocks": min_blocks(tiles, loader_registers(tiles, a_load, b_load, a_vec, b_vec,
                                                          mask_bits // 32 if mask_bits else len(terms["a_checked"]))),
         "GEMM_M": gemm_m, "GEMM_N": gemm_n, "GEMM_K": gemm_k, "k_tiles": k_tiles,

@@ -21,13 +21,29 @@ typedef int idx_t;
 template <typename T>
 __host__ __device__ __forceinline__ T convgen_min(T a, T b) { return a < b ? a : b; }
 
-// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
-struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
+// mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
 static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
 }
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Wait until the phase of parity `parity` has completed.
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#else
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#endif
+}
+// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
 static __device__ __forceinline__ void convgen_barrier_init_fence()
 {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -36,15 +52,6 @@ static __device__ __forceinline__ void convgen_barrier_init_fence()
 static __device__ __forceinline__ void convgen_barrier_expect(unsigned long long* barrier, unsigned bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
-}
-static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
-{
-    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
 }
 // One box of the 4-D tensor at coordinates (innermost first) into shared memory; completes on `barrier`.
 static __device__ __forceinline__ void convgen_tensor_copy(float* dst, const convgen_tensor_map* map, unsigned long long* barrier,

@@ -2,7 +2,7 @@
 //   spec:  2D NCHW n=128 c=64 k=64 input=224x224 filter=7x7 stride=2,2 padding=0,0 dilation=1,1 float32
 //   tiles: block_m=128 block_n=64 block_k=16 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=3 async_copy=True vector_load=False vector_smem=True precomp=True split_k=1
 //   index type: int (largest index 411041791)
-//   launch convgen_implicit_gemm_precomp_55277dd879: grid (11881, 1, 1) block (128, 1, 1) shared 38400 B
+//   launch convgen_implicit_gemm_precomp_55277dd879: grid (11881, 1, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][64][224][224], in w[64][64][7][7], out y[128][64][109][109]
 
 //
@@ -27,9 +27,32 @@ static __device__ __forceinline__ void convgen_copy4(float* dst, const float* sr
     const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(address), "l"(src), "r"(valid ? 4 : 0));
 }
-static __device__ __forceinline__ void convgen_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int pending>
-static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
+// mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
+static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
+}
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Arrive once this thread's earlier cp.async copies have landed (counted among the expected arrivals).
+static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned long long* barrier)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Wait until the phase of parity `parity` has completed.
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#else
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#endif
+}
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
@@ -436,9 +459,12 @@ __constant__ int convgen_implicit_gemm_precomp_55277dd879_rows[3136] = {
 extern "C" __global__ void __launch_bounds__(128, 2)
 convgen_implicit_gemm_precomp_55277dd879(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
-    // Dynamic shared memory (38400 bytes): 3 stage(s) of A then 3 of B, each a
+    // Dynamic shared memory (38448 bytes): the pipeline's mbarriers, then 3 stage(s) of A then 3 of B, each a
     // k-slice of pixel-contiguous (A) or channel-contiguous (B) rows, padded by 4 against bank conflicts.
-    extern __shared__ __align__(16) float shared_tiles[];
+    extern __shared__ __align__(16) float shared_memory[];
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(shared_memory);
+    unsigned long long* const empty = full + 3;
+    float* const shared_tiles = shared_memory + 12;
     float (*As)[16][132] = reinterpret_cast<float (*)[16][132]>(shared_tiles);
     float (*Bs)[16][68] = reinterpret_cast<float (*)[16][68]>(shared_tiles + 6336);
     const int tid = threadIdx.x;
@@ -698,21 +724,31 @@ convgen_implicit_gemm_precomp_55277dd879(const float* __restrict__ x, const floa
     };
     const int k_first = 0;
     const int k_count = 196;
-    // Prologue: 2 slice(s) in flight before the first multiply.
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
-        convgen_commit();
+    // A pipeline of 3 stages on mbarriers (as CUTLASS's producer/consumer pipelines): stage s is
+    // "full" once every thread's copies into it have landed and "empty" once every thread has
+    // multiplied it.  A warp waits only for the slice it multiplies and, before refilling a stage,
+    // for the slowest warp to have finished that stage's previous slice, one slice back (a CTA-wide
+    // barrier per slice would make every warp wait for the slowest each time).
+    if (tid == 0) {
+        for (int s = 0; s < 3; ++s) {
+            convgen_barrier_init(&full[s], 128);
+            convgen_barrier_init(&empty[s], 128);
+        }
     }
-    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    __syncthreads();
+    // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+        if (s < k_count) fetch(s, k_first + s);
+        convgen_barrier_copies_arrive(&full[s]);
+    }
+    // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
     int stage = 0;
-    int fill_stage = 2;
+    unsigned phase = 0;
+    int previous_stage = 0;
+    unsigned previous_phase = 0;
     for (int k_step = 0; k_step < k_count; ++k_step) {
-        convgen_wait<1>();
-        __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
-        convgen_commit();
+        convgen_barrier_wait(&full[stage], phase);
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[8];
@@ -729,7 +765,7 @@ convgen_implicit_gemm_precomp_55277dd879(const float* __restrict__ x, const floa
             }
             // Serpentine order (as CUTLASS's SIMT thread MMA): odd rows run right to left, so every
             // FMA shares an operand with the one before and ptxas can take it from the operand reuse
-            // cache instead of a register bank (same-run A/B on an H100: 3-6 % on 8x8 tiles).
+            // cache instead of a register bank.
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -739,8 +775,19 @@ convgen_implicit_gemm_precomp_55277dd879(const float* __restrict__ x, const floa
                 }
             }
         }
-        stage = stage == 2 ? 0 : stage + 1;
-        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
+        convgen_barrier_arrive(&empty[stage]);
+        // Refill the stage of the previous slice with slice k_step + 2.
+        if (k_step > 0 && k_step + 2 < k_count) {
+            convgen_barrier_wait(&empty[previous_stage], previous_phase);
+            fetch(previous_stage, k_first + k_step + 2);
+            convgen_barrier_copies_arrive(&full[previous_stage]);
+        }
+        previous_stage = stage;
+        previous_phase = phase;
+        if (++stage == 3) {
+            stage = 0;
+            phase ^= 1;
+        }
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs
@@ -773,7 +820,7 @@ convgen_implicit_gemm_precomp_55277dd879(const float* __restrict__ x, const floa
 
 extern "C" cudaError_t convgen_implicit_gemm_conv4_nchw(const float* x, const float* w, float* y, cudaStream_t stream)
 {
-    convgen_implicit_gemm_precomp_55277dd879<<<dim3(11881, 1, 1), dim3(128, 1, 1), 38400, stream>>>(x, w, y);
+    convgen_implicit_gemm_precomp_55277dd879<<<dim3(11881, 1, 1), dim3(128, 1, 1), 38448, stream>>>(x, w, y);
     return cudaGetLastError();
 }
 

@@ -2,7 +2,7 @@
 //   spec:  2D NHWC n=128 c=64 k=128 input=112x112 filter=3x3 stride=1,1 padding=0,0 dilation=1,1 float32
 //   tiles: block_m=128 block_n=128 block_k=16 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=3 async_copy=True vector_load=True vector_smem=True precomp=True split_k=1
 //   index type: int (largest index 198246399)
-//   launch convgen_implicit_gemm_precomp_c74543678e: grid (12100, 1, 1) block (256, 1, 1) shared 67584 B
+//   launch convgen_implicit_gemm_precomp_c74543678e: grid (12100, 1, 1) block (256, 1, 1) shared 67632 B
 //   buffers: in x[128][112][112][64], in w[128][3][3][64], out y[128][110][110][128]
 
 //
@@ -28,9 +28,32 @@ static __device__ __forceinline__ void convgen_copy4(float* dst, const float* sr
     const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(address), "l"(src), "r"(valid ? 4 : 0));
 }
-static __device__ __forceinline__ void convgen_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int pending>
-static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
+// mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
+static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
+}
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Arrive once this thread's earlier cp.async copies have landed (counted among the expected arrivals).
+static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned long long* barrier)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Wait until the phase of parity `parity` has completed.
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#else
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#endif
+}
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
 __device__ const int convgen_implicit_gemm_precomp_c74543678e_rows[576] = {
@@ -116,9 +139,12 @@ __device__ const int convgen_implicit_gemm_precomp_c74543678e_rows[576] = {
 extern "C" __global__ void __launch_bounds__(256, 1)
 convgen_implicit_gemm_precomp_c74543678e(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
-    // Dynamic shared memory (67584 bytes): 3 stage(s) of A then 3 of B, each a
+    // Dynamic shared memory (67632 bytes): the pipeline's mbarriers, then 3 stage(s) of A then 3 of B, each a
     // k-slice of pixel-contiguous (A) or channel-contiguous (B) rows, padded by 4 against bank conflicts.
-    extern __shared__ __align__(16) float shared_tiles[];
+    extern __shared__ __align__(16) float shared_memory[];
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(shared_memory);
+    unsigned long long* const empty = full + 3;
+    float* const shared_tiles = shared_memory + 12;
     float (*As)[16][132] = reinterpret_cast<float (*)[16][132]>(shared_tiles);
     float (*Bs)[16][132] = reinterpret_cast<float (*)[16][132]>(shared_tiles + 6336);
     const int tid = threadIdx.x;
@@ -205,21 +231,31 @@ convgen_implicit_gemm_precomp_c74543678e(const float* __restrict__ x, const floa
     };
     const int k_first = 0;
     const int k_count = 36;
-    // Prologue: 2 slice(s) in flight before the first multiply.
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
-        convgen_commit();
+    // A pipeline of 3 stages on mbarriers (as CUTLASS's producer/consumer pipelines): stage s is
+    // "full" once every thread's copies into it have landed and "empty" once every thread has
+    // multiplied it.  A warp waits only for the slice it multiplies and, before refilling a stage,
+    // for the slowest warp to have finished that stage's previous slice, one slice back (a CTA-wide
+    // barrier per slice would make every warp wait for the slowest each time).
+    if (tid == 0) {
+        for (int s = 0; s < 3; ++s) {
+            convgen_barrier_init(&full[s], 256);
+            convgen_barrier_init(&empty[s], 256);
+        }
     }
-    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    __syncthreads();
+    // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+        if (s < k_count) fetch(s, k_first + s);
+        convgen_barrier_copies_arrive(&full[s]);
+    }
+    // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
     int stage = 0;
-    int fill_stage = 2;
+    unsigned phase = 0;
+    int previous_stage = 0;
+    unsigned previous_phase = 0;
     for (int k_step = 0; k_step < k_count; ++k_step) {
-        convgen_wait<1>();
-        __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
-        convgen_commit();
+        convgen_barrier_wait(&full[stage], phase);
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[8];
@@ -236,7 +272,7 @@ convgen_implicit_gemm_precomp_c74543678e(const float* __restrict__ x, const floa
             }
             // Serpentine order (as CUTLASS's SIMT thread MMA): odd rows run right to left, so every
             // FMA shares an operand with the one before and ptxas can take it from the operand reuse
-            // cache instead of a register bank (same-run A/B on an H100: 3-6 % on 8x8 tiles).
+            // cache instead of a register bank.
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -246,8 +282,19 @@ convgen_implicit_gemm_precomp_c74543678e(const float* __restrict__ x, const floa
                 }
             }
         }
-        stage = stage == 2 ? 0 : stage + 1;
-        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
+        convgen_barrier_arrive(&empty[stage]);
+        // Refill the stage of the previous slice with slice k_step + 2.
+        if (k_step > 0 && k_step + 2 < k_count) {
+            convgen_barrier_wait(&empty[previous_stage], previous_phase);
+            fetch(previous_stage, k_first + k_step + 2);
+            convgen_barrier_copies_arrive(&full[previous_stage]);
+        }
+        previous_stage = stage;
+        previous_phase = phase;
+        if (++stage == 3) {
+            stage = 0;
+            phase ^= 1;
+        }
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs
@@ -280,9 +327,9 @@ extern "C" cudaError_t convgen_implicit_gemm_conv8_nhwc(const float* x, const fl
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_precomp_c74543678e, cudaFuncAttributeMaxDynamicSharedMemorySize, 67584);
+    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_precomp_c74543678e, cudaFuncAttributeMaxDynamicSharedMemorySize, 67632);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_precomp_c74543678e<<<dim3(12100, 1, 1), dim3(256, 1, 1), 67584, stream>>>(x, w, y);
+    convgen_implicit_gemm_precomp_c74543678e<<<dim3(12100, 1, 1), dim3(256, 1, 1), 67632, stream>>>(x, w, y);
     return cudaGetLastError();
 }
 

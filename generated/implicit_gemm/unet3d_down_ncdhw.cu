@@ -2,7 +2,7 @@
 //   spec:  3D NCDHW n=2 c=64 k=128 input=32x32x32 filter=3x3x3 stride=2,2,2 padding=1,1,1 dilation=1,1,1 float32
 //   tiles: block_m=32 block_n=128 block_k=16 warp_m=16 warp_n=64 thread_m=4 thread_n=8 stages=3 async_copy=True vector_load=False vector_smem=True precomp=True split_k=5
 //   index type: int (largest index 4194303)
-//   launch convgen_implicit_gemm_precomp_f7426260d2: grid (256, 5, 1) block (128, 1, 1) shared 32256 B
+//   launch convgen_implicit_gemm_precomp_f7426260d2: grid (256, 5, 1) block (128, 1, 1) shared 32304 B
 //   buffers: in x[2][64][32][32][32], in w[128][64][3][3][3], out y[2][128][16][16][16]
 
 //
@@ -27,9 +27,32 @@ static __device__ __forceinline__ void convgen_copy4(float* dst, const float* sr
     const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(address), "l"(src), "r"(valid ? 4 : 0));
 }
-static __device__ __forceinline__ void convgen_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int pending>
-static __device__ __forceinline__ void convgen_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(pending)); }
+// mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
+static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
+}
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Arrive once this thread's earlier cp.async copies have landed (counted among the expected arrivals).
+static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned long long* barrier)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+}
+// Wait until the phase of parity `parity` has completed.
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#else
+    asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+#endif
+}
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
 // row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
@@ -261,9 +284,12 @@ __constant__ int2 convgen_implicit_gemm_precomp_f7426260d2_rows[1728] = {
 extern "C" __global__ void __launch_bounds__(128, 3)
 convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
-    // Dynamic shared memory (32256 bytes): 3 stage(s) of A then 3 of B, each a
+    // Dynamic shared memory (32304 bytes): the pipeline's mbarriers, then 3 stage(s) of A then 3 of B, each a
     // k-slice of pixel-contiguous (A) or channel-contiguous (B) rows, padded by 4 against bank conflicts.
-    extern __shared__ __align__(16) float shared_tiles[];
+    extern __shared__ __align__(16) float shared_memory[];
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(shared_memory);
+    unsigned long long* const empty = full + 3;
+    float* const shared_tiles = shared_memory + 12;
     float (*As)[16][36] = reinterpret_cast<float (*)[16][36]>(shared_tiles);
     float (*Bs)[16][132] = reinterpret_cast<float (*)[16][132]>(shared_tiles + 1728);
     const int tid = threadIdx.x;
@@ -512,21 +538,31 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
     // 108 k-slices and adds its partial tile into y (zeroed by the launcher) atomically.
     const int k_first = blockIdx.y * 22;
     const int k_count = convgen_min(22, 108 - k_first);
-    // Prologue: 2 slice(s) in flight before the first multiply.
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
-        convgen_commit();
+    // A pipeline of 3 stages on mbarriers (as CUTLASS's producer/consumer pipelines): stage s is
+    // "full" once every thread's copies into it have landed and "empty" once every thread has
+    // multiplied it.  A warp waits only for the slice it multiplies and, before refilling a stage,
+    // for the slowest warp to have finished that stage's previous slice, one slice back (a CTA-wide
+    // barrier per slice would make every warp wait for the slowest each time).
+    if (tid == 0) {
+        for (int s = 0; s < 3; ++s) {
+            convgen_barrier_init(&full[s], 128);
+            convgen_barrier_init(&empty[s], 128);
+        }
     }
-    // Stages rotate by counters (a modulo by 3 would cost a multiply-high chain per slice).
+    __syncthreads();
+    // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+        if (s < k_count) fetch(s, k_first + s);
+        convgen_barrier_copies_arrive(&full[s]);
+    }
+    // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
     int stage = 0;
-    int fill_stage = 2;
+    unsigned phase = 0;
+    int previous_stage = 0;
+    unsigned previous_phase = 0;
     for (int k_step = 0; k_step < k_count; ++k_step) {
-        convgen_wait<1>();
-        __syncthreads();
-        // Prefetch slice k_step + 2 into the buffer freed by the last iteration.
-        if (k_step + 2 < k_count) fetch(fill_stage, k_first + k_step + 2);
-        convgen_commit();
+        convgen_barrier_wait(&full[stage], phase);
 #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {
             float a[4];
@@ -543,7 +579,7 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
             }
             // Serpentine order (as CUTLASS's SIMT thread MMA): odd rows run right to left, so every
             // FMA shares an operand with the one before and ptxas can take it from the operand reuse
-            // cache instead of a register bank (same-run A/B on an H100: 3-6 % on 8x8 tiles).
+            // cache instead of a register bank.
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -553,8 +589,19 @@ convgen_implicit_gemm_precomp_f7426260d2(const float* __restrict__ x, const floa
                 }
             }
         }
-        stage = stage == 2 ? 0 : stage + 1;
-        fill_stage = fill_stage == 2 ? 0 : fill_stage + 1;
+        convgen_barrier_arrive(&empty[stage]);
+        // Refill the stage of the previous slice with slice k_step + 2.
+        if (k_step > 0 && k_step + 2 < k_count) {
+            convgen_barrier_wait(&empty[previous_stage], previous_phase);
+            fetch(previous_stage, k_first + k_step + 2);
+            convgen_barrier_copies_arrive(&full[previous_stage]);
+        }
+        previous_stage = stage;
+        previous_phase = phase;
+        if (++stage == 3) {
+            stage = 0;
+            phase ^= 1;
+        }
     }
 
     // Epilogue through shared memory: the tile is transposed so that whole warps then write runs
@@ -590,7 +637,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_down_ncdhw(const float* x, c
 {
     const cudaError_t cleared = cudaMemsetAsync(y, 0, sizeof(float) * 1048576ULL, stream);
     if (cleared != cudaSuccess) return cleared;
-    convgen_implicit_gemm_precomp_f7426260d2<<<dim3(256, 5, 1), dim3(128, 1, 1), 32256, stream>>>(x, w, y);
+    convgen_implicit_gemm_precomp_f7426260d2<<<dim3(256, 5, 1), dim3(128, 1, 1), 32304, stream>>>(x, w, y);
     return cudaGetLastError();
 }
 
