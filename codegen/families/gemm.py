@@ -10,6 +10,8 @@ The kernel is CUTLASS's SIMT structure: a CTA tile block_m x block_n advanced ov
 block_k slices, ``stages`` shared-memory buffers filled by ``cp.async`` (or by registers when
 ``async_copy`` is off) so the next slices load while this one is multiplied, warps owning
 warp_m x warp_n sub-tiles and threads thread_m x thread_n outer products (the micro-kernel).
+The cp.async stages hand over through a full and an empty mbarrier each (``barrier_bytes``), so
+warps wait for the data they need rather than for each other at every slice.
 With ``split_k`` > 1 several CTAs share an output tile's K range and add their partial tiles
 into the zeroed output atomically (CUTLASS's serial split-K), for outputs with few tiles.
 Shared memory is dynamic (up to 227 KB on sm_90, opted into by the launchers above 48 KB).
