@@ -176,6 +176,17 @@ def test_row_table_is_in_constant_memory_only_where_warps_read_one_row_and_it_fi
     build(family, spec, tiles, arch="sm_90")
 
 
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
+def test_gemm_pipeline_compiles_before_sm90_without_warnings(family, arch, cache_dir):
+    """Before sm_90 the mbarrier wait polls with test_wait instead of try_wait (sm_90 only): the
+    kernels of that branch compile cleanly too."""
+    spec = ConvSpec(dims=3, layout="NCDHW", n=2, c=16, k=32, input_size=(6, 10, 10), filter_size=3, padding=1)
+    kernel = build(family, spec, arch=arch)
+    assert kernel.compiled.warnings == []
+    assert kernel.compiled.arch == arch
+
+
 @pytest.mark.parametrize("tiles, barriers", [
     (None, 48), ({"stages": 2}, 32), ({"stages": 4}, 64), ({"stages": 1}, 0), ({"async_copy": False, "stages": 2}, 0),
 ])
