@@ -49,7 +49,7 @@ class ImplicitGemm(Family):
         launch = Launch(name, gemm.grid(spec, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles))
         # The column matrix is never formed, so only the image, filter, output and the padded
         # pixel count bound the index type (conv4's 4.8e9-element column matrix kept it 64-bit).
-        padded_pixels = gemm.grid(spec, tiles)[0] // context["n_tiles"] * tiles.block_m
+        padded_pixels = launch.grid[0] // context["n_tiles"] * tiles.block_m
         context.update(index.template_context(alg, max(launch.threads, padded_pixels), column_matrix=False))
         context.update(convolution_selftest_context(alg))
         context.update(kernel=name, variant=variant, table_name=f"{name}_rows")
