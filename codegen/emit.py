@@ -12,6 +12,20 @@ from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
 
 
+SELFTEST_BUDGET = 1 << 29
+"""Multiply-adds the self-test's host reference may spend (seconds in an unoptimised host build):
+beyond it the self-test compares a sample of the output with the reference (every element is still
+checked for the NaN poison), where comparing all of im2win's c3d_conv3 output took 205 s at -O3."""
+
+
+def selftest_stride(outputs: int, terms: int) -> int:
+    """1 (compare every output) within ``SELFTEST_BUDGET``, else the odd step that keeps the
+    reference's work near it: odd, so the sample meets every residue of the power-of-two periods
+    that layouts have."""
+    cost = outputs * terms
+    return 1 if cost <= SELFTEST_BUDGET else -(-cost // SELFTEST_BUDGET) | 1
+
+
 def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, launcher: str | None = None,
                 file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH) -> str:
     """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
@@ -21,8 +35,11 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
     name = launcher or kernel_plan.launches[-1].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
+    terms = kernel_plan.context.get("reference_terms", 1)
+    outputs = kernel_plan.output.elements
     return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name, arch=arch,
-                  output_name=kernel_plan.output.name, output_elements=kernel_plan.output.elements)
+                  output_name=kernel_plan.output.name, output_elements=outputs,
+                  selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms)
 
 
 def write_if_changed(path: Path, text: str) -> bool:

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from codegen import catalogue
-from codegen.emit import emit, emit_source
+from codegen.emit import SELFTEST_BUDGET, emit, emit_source, selftest_stride
 from codegen.spec import ConvSpec
 
 NVCC = shutil.which("nvcc")
@@ -76,3 +76,24 @@ def test_chunked_im2win_emits_a_launch_loop_that_builds(tmp_path):
     assert "run 3 times, once per batch chunk of 2 images" in text
     _, rc, err = _nvcc(path, tmp_path)
     assert rc == 0 and not err.strip(), err
+
+
+def test_selftest_stride_keeps_the_reference_within_budget():
+    assert selftest_stride(1000, 1) == 1
+    assert selftest_stride(SELFTEST_BUDGET, 1) == 1
+    stride = selftest_stride(12_845_056, 128 * 27)     # im2win c3d_conv3: 4.4e10 multiply-adds
+    assert stride % 2 == 1 and stride == 83
+    assert 12_845_056 * 3456 / stride <= SELFTEST_BUDGET * 1.02
+    assert selftest_stride(SELFTEST_BUDGET + 1, 1) == 3  # odd, never 2
+
+
+def test_large_selftest_samples_the_reference_but_checks_every_element_was_written():
+    large = ConvSpec(dims=3, layout="NCDHW", n=8, c=128, k=256, input_size=(8, 28, 28), filter_size=3, padding=1)
+    text = emit_source("implicit_gemm", large)
+    assert "if ((begin + j) % 83)" in text and "std::isnan(got[j])" in text
+    assert "compares 1 in 83 output elements" in text and "44,392,513,536 multiply-adds" in text
+    small = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=4, input_size=(9, 9), filter_size=3)
+    small_text = emit_source("implicit_gemm", small)
+    assert "% 83" not in small_text and "compared with the reference" not in small_text
+    assert "compares every output element with reference_at()" in small_text
+

@@ -181,12 +181,13 @@ def chunk_spec(spec: ConvSpec, chunk: int) -> ConvSpec:
 
 def convolution_selftest_context(alg: IndexAlgebra) -> dict:
     """What ``common/conv_reference.cu.j2`` needs: the self-test walks the output buffer in memory
-    order, so it decomposes an offset ``e`` in the layout's order."""
+    order, so it decomposes an offset ``e`` in the layout's order; each output costs the reference
+    ``reference_terms`` multiply-adds (every channel and tap)."""
     spec = alg.spec
     spatial = [f"o{j}" for j in range(spec.dims)]
     order = ["n", *spatial, "oc"] if spec.layout.channels_last else ["n", "oc", *spatial]
     offset = index.sympy.Symbol("e", integer=True, nonnegative=True)
-    return {"output_order": order,
+    return {"output_order": order, "reference_terms": spec.c * alg.taps,
             "output_coords_of_offset": [index.to_c(e) for e in index.decompose(offset, alg.output_shape)]}
 
 

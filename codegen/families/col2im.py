@@ -96,7 +96,7 @@ class Col2im(Family):
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
         launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
         context = index.template_context(alg, launch.threads)
-        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1])
+        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1], reference_terms=alg.taps)
         buffers = (Buffer("col", alg.col_shape, "in"), Buffer("image", alg.image_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context,
                           zero_output=variant == "scatter")
