@@ -1,20 +1,24 @@
 """Prototype for issue 4 (not part of the package): implicit-GEMM convolution, channels-last, fed by
-Hopper's tensor memory accelerator in warp-specialised persistent blocks.
+Hopper's tensor memory accelerator in warp-specialised persistent blocks (docs/perf.md, GEMM v11).
 
-One producer thread per block issues, for every k-slice (one filter tap, BK channels), two TMA
-copies: the A tile in *im2col mode* (BM consecutive output pixels' input pixels at that tap, BK
-channels each; the hardware walks rows and images, applies stride and writes zeros for padding)
-and the B tile in tiled mode (BN filters x BK channels at that tap).  Both land k-contiguous with
-the 128-byte swizzle, in one of STAGES buffers, and complete on its "full" mbarrier.  8 consumer
-warps wait on it, multiply (8x8 outputs per thread: float4 reads along k of 8 A rows and 8 B rows
-give four k-steps of fragments), release the buffer on its "empty" mbarrier and, after the last
-slice of a tile, store their outputs straight from registers.  So the consumers issue only shared
-loads and FFMAs (plus one XOR per row group and k-chunk to undo the swizzle).
+For every k-slice (one filter tap, BK = 32 channels) one thread issues two TMA copies: the A tile in
+*im2col mode* (BM consecutive output pixels' input pixels at that tap: the hardware walks rows and
+images, applies the stride and writes zeros for padding) into [BM][32] rows under the 128-byte
+swizzle, and the B tile in tiled mode.  Both complete on the stage's "full" mbarrier; consumer warps
+wait on it, multiply 8x8 outputs per thread (A read as float4 along k: four k-steps of eight rows)
+and release the stage; after a tile's last slice they store straight from registers.  So the
+consumers issue only shared loads, FFMAs and one XOR per row group and k-chunk (the swizzle).
 
-Usage (repo root, sm_90 GPU, PyTorch for the peers):
+Configurations are BMxBNxSTAGES with flags: ``t`` reads B as [k][n] from a filter transposed per
+call to taps x C x K (each accumulator then meets a B register of one parity; with B as float4 along
+k too, 47 % of the FFMAs had two same-bank operands), ``i`` drops the producer warp (the last warp
+to release a stage refills it), ``bN`` asks for N blocks per SM.
+
+Usage (repo root, sm_90 GPU, PyTorch for the peers and the float64 check):
 
     PYTHONPATH=$PWD python3 scripts/proto_tma_gemm.py            # correctness shapes, then the layers
-    CONFIGS=128x128x4,256x64x4 PYTHONPATH=$PWD python3 scripts/proto_tma_gemm.py conv8
+    CONFIGS=128x128x4t,256x64x4t PYTHONPATH=$PWD python3 scripts/proto_tma_gemm.py checks conv8 conv4
+    CONFIGS=128x128x4t ncu ... python3 scripts/proto_tma_gemm.py profile conv8   # one launch, for ncu
 """
 import ctypes
 import math
@@ -45,6 +49,7 @@ SOURCE = r'''
 #define B_STAGE (BN * BK)
 #define INLINE_PRODUCER {inline}
 #define TRANSPOSED_B {tb}
+#define BLOCKS_PER_SM {blocks}
 struct __align__(64) tensor_map {{ unsigned long long words[16]; }};
 
 __device__ __forceinline__ unsigned smem(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
@@ -99,7 +104,7 @@ __device__ __forceinline__ void issue(const tensor_map* a_map, const tensor_map*
 #endif
 }}
 
-extern "C" __global__ void __launch_bounds__(CONSUMERS * 32 + (INLINE_PRODUCER ? 0 : 32), 1)
+extern "C" __global__ void __launch_bounds__(CONSUMERS * 32 + (INLINE_PRODUCER ? 0 : 32), BLOCKS_PER_SM)
 conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tensor_map b_map, float* __restrict__ y)
 {{
     extern __shared__ __align__(1024) unsigned char raw[];
@@ -287,13 +292,12 @@ def encode_filter(ptr, g, bn, transposed=False):
     return np.frombuffer(bytes(out), dtype=package_tma.TENSOR_MAP_TYPE)[0]
 
 
-def build(g, bm, bn, stages, inline=False, transposed=False):
+def build(g, bm, bn, stages, inline=False, transposed=False, blocks=1):
     import cupy
 
     osz = out_size(g)
     gemm_m = g["n"] * math.prod(osz)
     warps_n, warps_m = bn // 64, bm // 32
-    assert inline or warps_m * warps_n == 8, "a producer warp takes 8 consumer warps"
     consumers = warps_m * warps_n
     n_tiles = -(-g["k"] // bn)
     tiles = -(-gemm_m // bm) * n_tiles
@@ -304,7 +308,7 @@ def build(g, bm, bn, stages, inline=False, transposed=False):
     pd = g["pad"] if three else (0, *g["pad"])
     dl = g["dil"] if three else (1, *g["dil"])
     o = osz if three else (1, *osz)
-    code = SOURCE.format(tb=int(transposed), inline=int(inline), rank=5 if three else 4, bm=bm, bn=bn, stages=stages, warps_m=warps_m, warps_n=warps_n,
+    code = SOURCE.format(blocks=blocks, tb=int(transposed), inline=int(inline), rank=5 if three else 4, bm=bm, bn=bn, stages=stages, warps_m=warps_m, warps_n=warps_n,
                          gemm_m=gemm_m, gemm_n=g["k"], n_tiles=n_tiles, tiles=tiles, c_chunks=c_chunks,
                          slices=math.prod(f) * c_chunks, od=o[0], oh=o[1], ow=o[2], fr=f[1], fs=f[2],
                          sd=st[0], sh=st[1], sw=st[2], pd=pd[0], ph=pd[1], pw=pd[2], dd=dl[0], dh=dl[1], dw=dl[2])
@@ -312,7 +316,7 @@ def build(g, bm, bn, stages, inline=False, transposed=False):
     kernel = module.get_function("conv_tma")
     shared = 1024 + stages * (bm + bn) * BK * 4 + 20 * stages
     kernel.max_dynamic_shared_size_bytes = shared
-    grid = min(tiles, 132)
+    grid = min(tiles, 132 * blocks)
 
     def run(x, w, y, maps):
         kernel((grid,), (consumers * 32 + (0 if inline else 32),), (maps[0], maps[1], y), shared_mem=shared)
@@ -359,8 +363,8 @@ def check(name, g, configs):
     conv = torch.nn.functional.conv3d if three else torch.nn.functional.conv2d
     ref = conv(xt.double(), wt.double(), stride=g["stride"], padding=g["pad"], dilation=g["dil"])
     ref = ref.permute(0, 2, 3, 4, 1) if three else ref.permute(0, 2, 3, 1)
-    for bm, bn, stages, inline, transposed in configs:
-        run, gemm_m, osz = build(g, bm, bn, stages, inline, transposed)
+    for bm, bn, stages, inline, transposed, blocks in configs:
+        run, gemm_m, osz = build(g, bm, bn, stages, inline, transposed, blocks)
         y = cupy.full((g["n"], *osz, g["k"]), cupy.nan, dtype=cupy.float32)
         wt = transposed_filter(g, w) if transposed else w
         maps = (encode_im2col(x.data.ptr, g, bm), encode_filter(wt.data.ptr, g, bn, transposed))
@@ -411,9 +415,9 @@ def bench(name, g, configs):
     yf = cupy.empty(first.plan.output.shape, dtype=cupy.float32)
     xf, wf = cupy.asarray(xc), cupy.asarray(wc)
     record("package NCHW", lambda: first.launch([xf, wf], yf))
-    for bm, bn, stages, inline, transposed in configs:
+    for bm, bn, stages, inline, transposed, blocks in configs:
         try:
-            run, _, _ = build(g, bm, bn, stages, inline, transposed)
+            run, _, _ = build(g, bm, bn, stages, inline, transposed, blocks)
         except Exception as error:  # a configuration that does not fit: say so, go on
             print(f"{name} {bm}x{bn}x{stages}: {error}", flush=True)
             continue
@@ -424,7 +428,7 @@ def bench(name, g, configs):
         step()
         got = torch.as_tensor(y, device="cuda")
         err = (torch.linalg.norm((got - ref_nhwc).double()) / torch.linalg.norm(ref_nhwc.double())).item()
-        flags = (" inline" if inline else "") + (" B^T" if transposed else "")
+        flags = (" inline" if inline else "") + (" B^T" if transposed else "") + (f" {blocks}/SM" if blocks > 1 else "")
         record(f"TMA {bm}x{bn} s{stages}{flags} (err {err:.1e})", step)
     print(f"\n{name}: {flops / 1e9:.1f} GFLOP")
     base = rows[0][1]
@@ -433,15 +437,16 @@ def bench(name, g, configs):
 
 
 def main():
-    configs = [(*(int(v) for v in c.rstrip("it").split("x")), "i" in c, "t" in c)
-               for c in os.environ.get("CONFIGS", "128x128x4,256x64x4").split(",")]
+    configs = [(*(int(v) for v in c.split("b")[0].rstrip("it").split("x")), "i" in c, "t" in c,
+                int(c.split("b")[1]) if "b" in c else 1)
+               for c in os.environ.get("CONFIGS", "128x128x4t,256x64x4t").split(",")]
     names = sys.argv[1:] or ["checks", "conv8", "conv4", "c3d_conv2"]
     if names[0] == "profile":   # one launch of the first configuration, for ncu
         import cupy
-        g, (bm, bn, stages, inline, transposed) = LAYERS[names[1]], configs[0]
+        g, (bm, bn, stages, inline, transposed, blocks) = LAYERS[names[1]], configs[0]
         x = cupy.random.uniform(-1, 1, (g["n"], *g["size"], g["c"]), dtype=cupy.float32)
         w = cupy.random.uniform(-1, 1, (g["k"], *g["f"], g["c"]), dtype=cupy.float32)
-        run, _, osz = build(g, bm, bn, stages, inline, transposed)
+        run, _, osz = build(g, bm, bn, stages, inline, transposed, blocks)
         y = cupy.empty((g["n"], *osz, g["k"]), dtype=cupy.float32)
         wt = transposed_filter(g, w) if transposed else w
         run(x, w, y, (encode_im2col(x.data.ptr, g, bm), encode_filter(wt.data.ptr, g, bn, transposed)))
