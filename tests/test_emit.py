@@ -83,7 +83,7 @@ def test_selftest_stride_keeps_the_reference_within_budget():
     assert selftest_stride(SELFTEST_BUDGET, 1) == 1
     stride = selftest_stride(12_845_056, 128 * 27)     # im2win c3d_conv3: 4.4e10 multiply-adds
     assert stride % 2 == 1 and stride == 83
-    assert 12_845_056 * 3456 / stride <= SELFTEST_BUDGET * 1.02
+    assert 12_845_056 * 3456 / stride <= SELFTEST_BUDGET
     assert selftest_stride(SELFTEST_BUDGET + 1, 1) == 3  # odd, never 2
 
 
@@ -96,4 +96,3 @@ def test_large_selftest_samples_the_reference_but_checks_every_element_was_writt
     small_text = emit_source("implicit_gemm", small)
     assert "% 83" not in small_text and "compared with the reference" not in small_text
     assert "compares every output element with reference_at()" in small_text
-
