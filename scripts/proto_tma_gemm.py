@@ -30,6 +30,9 @@ import numpy as np
 from codegen import tma as package_tma
 
 BK = 32
+HELPERS = ('{% import "common/async_copy.cu.j2" as copy_helpers %}'
+           '{{ copy_helpers.barrier_helpers() }}\n{{ copy_helpers.tensor_helpers(3) }}\n')
+"""The package's mbarrier and tensor-map helpers (the B copy is a 3-D tiled box), rendered once."""
 SOURCE = r'''
 #define RANK {rank}
 #define BM {bm}
@@ -50,25 +53,8 @@ SOURCE = r'''
 #define INLINE_PRODUCER {inline}
 #define TRANSPOSED_B {tb}
 #define BLOCKS_PER_SM {blocks}
-struct __align__(64) tensor_map {{ unsigned long long words[16]; }};
-
-__device__ __forceinline__ unsigned smem(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
-__device__ __forceinline__ void bar_init(unsigned long long* b, unsigned n) {{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem(b)), "r"(n));
-}}
-__device__ __forceinline__ void bar_wait(unsigned long long* b, unsigned parity) {{
-    asm volatile("{{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra WAIT_%=;\n}}" :: "r"(smem(b)), "r"(parity) : "memory");
-}}
-__device__ __forceinline__ void bar_arrive(unsigned long long* b) {{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem(b)) : "memory");
-}}
-__device__ __forceinline__ void bar_expect(unsigned long long* b, unsigned bytes) {{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem(b)), "r"(bytes) : "memory");
-}}
-
 // Issue slice `i` of this block's sequence (tile i / SLICES of the block, k-slice i % SLICES) into stage s.
-__device__ __forceinline__ void issue(const tensor_map* a_map, const tensor_map* b_map, float* a_tiles, float* b_tiles,
+__device__ __forceinline__ void issue(const convgen_tensor_map* a_map, const convgen_tensor_map* b_map, float* a_tiles, float* b_tiles,
                                       unsigned long long* full, int i)
 {{
     const int s = i % STAGES;
@@ -84,32 +70,30 @@ __device__ __forceinline__ void issue(const tensor_map* a_map, const tensor_map*
     const int tap = k / C_CHUNKS, c0 = (k % C_CHUNKS) * BK;
     const unsigned short kw = (tap % {fs}) * {dw};
     const unsigned short kh = ((tap / {fs}) % {fr}) * {dh};
-    bar_expect(&full[s], (A_STAGE + B_STAGE) * 4);
+    convgen_barrier_expect(&full[s], (A_STAGE + B_STAGE) * 4);
 #if RANK == 5
     const unsigned short kd = (tap / ({fs} * {fr})) * {dd};
     asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {{%3, %4, %5, %6, %7}}], [%2], {{%8, %9, %10}};"
-        :: "r"(smem(a_tiles + s * A_STAGE)), "l"(a_map), "r"(smem(&full[s])), "r"(c0), "r"(ow * {sw} - {pw}),
+        :: "r"(convgen_shared(a_tiles + s * A_STAGE)), "l"(a_map), "r"(convgen_shared(&full[s])), "r"(c0), "r"(ow * {sw} - {pw}),
            "r"(oh * {sh} - {ph}), "r"(od * {sd} - {pd}), "r"(nb), "h"(kw), "h"(kh), "h"(kd) : "memory");
 #else
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {{%3, %4, %5, %6}}], [%2], {{%7, %8}};"
-        :: "r"(smem(a_tiles + s * A_STAGE)), "l"(a_map), "r"(smem(&full[s])), "r"(c0), "r"(ow * {sw} - {pw}),
+        :: "r"(convgen_shared(a_tiles + s * A_STAGE)), "l"(a_map), "r"(convgen_shared(&full[s])), "r"(c0), "r"(ow * {sw} - {pw}),
            "r"(oh * {sh} - {ph}), "r"(nb), "h"(kw), "h"(kh) : "memory");
 #endif
 #if TRANSPOSED_B
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%3, %4, %5}}], [%2];"
-        :: "r"(smem(b_tiles + s * B_STAGE)), "l"(b_map), "r"(smem(&full[s])), "r"(n_tile), "r"(c0), "r"(tap) : "memory");
+    convgen_tensor_copy(b_tiles + s * B_STAGE, b_map, &full[s], n_tile, c0, tap);
 #else
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%3, %4, %5}}], [%2];"
-        :: "r"(smem(b_tiles + s * B_STAGE)), "l"(b_map), "r"(smem(&full[s])), "r"(c0), "r"(tap), "r"(n_tile) : "memory");
+    convgen_tensor_copy(b_tiles + s * B_STAGE, b_map, &full[s], c0, tap, n_tile);
 #endif
 }}
 
 extern "C" __global__ void __launch_bounds__(CONSUMERS * 32 + (INLINE_PRODUCER ? 0 : 32), BLOCKS_PER_SM)
-conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tensor_map b_map, float* __restrict__ y)
+conv_tma(const __grid_constant__ convgen_tensor_map a_map, const __grid_constant__ convgen_tensor_map b_map, float* __restrict__ y)
 {{
     extern __shared__ __align__(1024) unsigned char raw[];
     // 128-byte swizzled tiles need 1024-byte aligned buffers.
-    unsigned char* base = raw + ((1024 - (smem(raw) & 1023)) & 1023);
+    unsigned char* base = raw + ((1024 - (convgen_shared(raw) & 1023)) & 1023);
     float* const a_tiles = reinterpret_cast<float*>(base);
     float* const b_tiles = a_tiles + STAGES * A_STAGE;
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(b_tiles + STAGES * B_STAGE);
@@ -117,8 +101,8 @@ conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tenso
     unsigned* const released = reinterpret_cast<unsigned*>(empty + STAGES);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     if (tid == 0) {{
-        for (int s = 0; s < STAGES; ++s) {{ bar_init(&full[s], 1); bar_init(&empty[s], CONSUMERS); released[s] = 0; }}
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < STAGES; ++s) {{ convgen_barrier_init(&full[s], 1); convgen_barrier_init(&empty[s], CONSUMERS); released[s] = 0; }}
+        convgen_barrier_init_fence();
     }}
     __syncthreads();
     const int total = ((TILES - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * SLICES;   // slices of this block
@@ -131,7 +115,7 @@ conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tenso
     if (warp == CONSUMERS) {{
         if (lane != 0) return;
         for (int j = 0; j < total; ++j) {{
-            bar_wait(&empty[j % STAGES], ((j / STAGES) & 1) ^ 1);
+            convgen_barrier_wait(&empty[j % STAGES], ((j / STAGES) & 1) ^ 1);
             issue(&a_map, &b_map, a_tiles, b_tiles, full, j);
         }}
         return;
@@ -159,7 +143,7 @@ conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tenso
             for (int c = 0; c < 8; ++c) acc[r][c] = 0.0f;
         for (int k = 0; k < SLICES; ++k, ++i) {{
             const int s = i % STAGES;
-            bar_wait(&full[s], (i / STAGES) & 1);
+            convgen_barrier_wait(&full[s], (i / STAGES) & 1);
             const unsigned char* a_stage = reinterpret_cast<const unsigned char*>(a_tiles + s * A_STAGE) + a_row0;
 #if TRANSPOSED_B
             const unsigned char* b_stage = reinterpret_cast<const unsigned char*>(b_tiles + s * B_STAGE) + b_col0;
@@ -213,7 +197,7 @@ conv_tma(const __grid_constant__ tensor_map a_map, const __grid_constant__ tenso
                 if (i + STAGES < total) issue(&a_map, &b_map, a_tiles, b_tiles, full, i + STAGES);
             }}
 #else
-            if (lane == 0) bar_arrive(&empty[s]);
+            if (lane == 0) convgen_barrier_arrive(&empty[s]);
 #endif
         }}
         const int m_tile = (tile / N_TILES) * BM, n_tile = (tile % N_TILES) * BN;
@@ -292,6 +276,12 @@ def encode_filter(ptr, g, bn, transposed=False):
     return np.frombuffer(bytes(out), dtype=package_tma.TENSOR_MAP_TYPE)[0]
 
 
+def helpers():
+    from codegen.render import environment
+
+    return environment().from_string(HELPERS).render()
+
+
 def build(g, bm, bn, stages, inline=False, transposed=False, blocks=1):
     import cupy
 
@@ -308,7 +298,7 @@ def build(g, bm, bn, stages, inline=False, transposed=False, blocks=1):
     pd = g["pad"] if three else (0, *g["pad"])
     dl = g["dil"] if three else (1, *g["dil"])
     o = osz if three else (1, *osz)
-    code = SOURCE.format(blocks=blocks, tb=int(transposed), inline=int(inline), rank=5 if three else 4, bm=bm, bn=bn, stages=stages, warps_m=warps_m, warps_n=warps_n,
+    code = helpers() + SOURCE.format(blocks=blocks, tb=int(transposed), inline=int(inline), rank=5 if three else 4, bm=bm, bn=bn, stages=stages, warps_m=warps_m, warps_n=warps_n,
                          gemm_m=gemm_m, gemm_n=g["k"], n_tiles=n_tiles, tiles=tiles, c_chunks=c_chunks,
                          slices=math.prod(f) * c_chunks, od=o[0], oh=o[1], ow=o[2], fr=f[1], fs=f[2],
                          sd=st[0], sh=st[1], sw=st[2], pd=pd[0], ph=pd[1], pw=pd[2], dd=dl[0], dh=dl[1], dw=dl[2])
