@@ -112,7 +112,7 @@ def test_a_record_that_timed_other_kernel_code_is_not_used(tmp_path, monkeypatch
         assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
 
 
-def test_kernel_fingerprint_ignores_comments_and_sees_code(monkeypatch):
+def test_kernel_fingerprint_ignores_comments_and_name_tags_and_sees_code(monkeypatch):
     from codegen import render
 
     tiles = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
@@ -127,6 +127,11 @@ def test_kernel_fingerprint_ignores_comments_and_sees_code(monkeypatch):
         return render_kernels
 
     monkeypatch.setattr(render, "render_kernels", edited(lambda code: "// reworded\n\n" + code.replace("//", "// now ")))
+    tune._fingerprint.cache_clear()
+    assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) == original
+    name = get_family("implicit_gemm").plan(SPEC, get_family("implicit_gemm").complete_tiles(SPEC, tiles)).launches[0].kernel
+    renamed = name[:-10] + "0123456789"     # another tag, as a new tile field at its default gives
+    monkeypatch.setattr(render, "render_kernels", edited(lambda code: code.replace(name, renamed)))
     tune._fingerprint.cache_clear()
     assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) == original
     monkeypatch.setattr(render, "render_kernels", edited(lambda code: code.replace("fmaf(", "__fmaf_rn(", 1)))
