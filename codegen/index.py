@@ -652,6 +652,73 @@ def gemm_terms(algebra: IndexAlgebra, source: str) -> dict:
     }
 
 
+IM2COL_CORNER_LIMIT = {2: 128, 3: 16}
+"""The corners of a TMA im2col map lie in [-limit, limit - 1], by spatial rank (cuda.h: [-128, 127]
+for 4-D tensors, [-16, 15] for 5-D)."""
+TMA_ELEMENT_STRIDE_LIMIT = 8
+"""Largest traversal stride of a TMA map along one dimension (cuda.h, elementStrides)."""
+
+
+def im2col_map_terms(algebra: IndexAlgebra) -> dict:
+    """The channels-last image as a TMA *im2col* map, and what a kernel passes to each copy.
+
+    The map is the tensor (C, W, H[, D], N), innermost first, with byte strides from the channel
+    pitch.  One copy loads a run of channels for each of a run of consecutive output pixels at
+    one filter tap: the copy names the input coordinates of its first pixel at tap 0 (``origin``: o*s
+    - p per spatial axis, innermost first, from ``in_coord``) and the tap's offsets (k*d, from
+    ``tap_coords``); the hardware walks on through rows and images with the traversal strides (the
+    convolution stride) inside the box between the corners, -p and p - d*(f - 1) per axis, and
+    reads zeros outside the image.  The corners are what bound the walk to the output grid: a
+    row holds (size + 2p - d*(f - 1) - 1) // s + 1 pixels, the output size."""
+    spec = algebra.spec
+    if not spec.layout.channels_last:
+        raise ValueError("an im2col map needs a channels-last image")
+    inner_first = list(range(spec.dims - 1, -1, -1))
+    dims = (spec.c, *(spec.input_size[j] for j in inner_first), spec.n)
+    strides, step = [], 4 * spec.pitch
+    for j in inner_first:
+        strides.append(step)
+        step *= spec.input_size[j]
+    strides.append(step)
+    zero_taps = {k: 0 for k in algebra.k}
+    origin = [sympy.expand(algebra.in_coord[j].subs(zero_taps)) for j in inner_first]
+    offsets = [algebra.tap_coords[j] * spec.dilation[j] for j in inner_first]
+    return {
+        "dims": dims,
+        "strides": tuple(strides),
+        "lower": tuple(-spec.padding[j] for j in inner_first),
+        "upper": tuple(spec.padding[j] - spec.dilation[j] * (spec.filter_size[j] - 1) for j in inner_first),
+        "element_strides": (1, *(spec.stride[j] for j in inner_first), 1),
+        "origin": [to_c(e) for e in origin],
+        "tap_offsets": [to_c(e) for e in offsets],
+        "exprs": {"origin": origin, "tap_offsets": offsets},
+    }
+
+
+def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> dict:
+    """The channels-last filter K x taps x C rewritten as taps x C x K, with K padded to a multiple
+    of ``pitch_multiple`` (TMA row strides must be multiples of 16 bytes), as a TMA tensor of
+    ``dims`` (innermost first) with ``byte_strides``: read along output
+    channels, a k-step's B fragment is four adjacent channels, so a micro-tile's accumulators
+    each meet a B register of one parity (see docs/perf.md, GEMM v11).  One thread per filter
+    element ``t``, output channels fastest so that the writes coalesce."""
+    spec = algebra.spec
+    k_pitch = -(-spec.k // pitch_multiple) * pitch_multiple
+    shape = (algebra.taps, spec.c, k_pitch)
+    kk, c, oc = decompose(algebra.t, (algebra.taps, spec.c, spec.k))
+    source = sympy.expand(algebra.w_offset.subs({algebra.oc: oc, algebra.kk: kk, algebra.c: c}))
+    destination = linearize([kk, c, oc], shape)
+    return {
+        "shape": shape,
+        "elements": algebra.taps * spec.c * spec.k,
+        "source": to_c(source),
+        "destination": to_c(destination),
+        "dims": (spec.k, spec.c, algebra.taps),
+        "byte_strides": (4 * k_pitch, 4 * k_pitch * spec.c),
+        "exprs": {"source": source, "destination": destination},
+    }
+
+
 def unselected_addresses_inside(algebra: IndexAlgebra, terms: dict) -> bool:
     """Whether A's address base(pixel) + delta(row) lies inside its source for every pixel and
     row, and base(pixel) alone too (delta 0, the precomputed table's rows past K): true when no

@@ -298,6 +298,89 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
     return np.moveaxis(y, 1, -1) if spec.layout.channels_last else y
 
 
+def im2col_walk(tensor_map, coords: tuple[int, ...], offsets: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The pixels one TMA im2col copy visits, as the CUDA driver API and the PTX ISA describe the
+    mode: along each spatial axis (innermost first) the bounding box runs from the lower corner to
+    the axis size - 1 + the upper corner in steps of the traversal stride; the walk starts at the
+    copy's coordinates, steps along the innermost axis, and on leaving the box wraps to the lower
+    corner and steps the next axis out, then the image.  Each visited pixel is read at its
+    coordinates plus the tap's offsets: (image, spatial coordinates innermost first)."""
+    lower, upper = tensor_map.corners
+    sizes = tensor_map.dims[1:-1]
+    steps = tensor_map.traversal_strides[1:-1]
+    position, image = list(coords[1:-1]), coords[-1]
+    pixels = []
+    for _ in range(count):
+        pixels.append((image, *(p + o for p, o in zip(position, offsets))))
+        for j in range(len(position)):
+            position[j] += steps[j]
+            if position[j] <= sizes[j] - 1 + upper[j]:
+                break
+            position[j] = lower[j]
+        else:
+            image += 1
+    return pixels
+
+
+def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The TMA implicit GEMM's plan run on the CPU, tile by tile and slice by slice: the filter is
+    transposed into its workspace by the printed source and destination offsets (NaN where
+    nothing is written), each slice's A and B tiles are gathered through the tensor maps' dims,
+    byte strides, corners and traversal strides (zeros outside a tensor) at the coordinates the
+    producer prints, and the tile is stored by the consumers' rule (NaN where nothing is stored).
+    The hardware's share is taken from its documentation (``im2col_walk``); the GPU tests check
+    that reading of it."""
+    from codegen.families import get_family
+
+    family = get_family("implicit_gemm")
+    tiles = family.complete_tiles(spec, {**(tiles if isinstance(tiles, dict) else tiles.to_dict()), "tma": True})
+    plan = family.plan(spec, tiles)
+    context = plan.context
+    x_map, w_map = plan.launches[1].tensor_maps
+    alg = IndexAlgebra(spec)
+    transpose = index.transposed_filter_terms(alg)
+    im2col = index.im2col_map_terms(alg)["exprs"]
+    flat_w = np.asarray(w, dtype=np.float64).reshape(-1)
+    wt = np.full(int(np.prod(transpose["shape"])), np.nan)
+    t = np.arange(transpose["elements"])
+    wt[_eval(transpose["exprs"]["destination"], t=t)] = flat_w[_eval(transpose["exprs"]["source"], t=t)]
+    flat_x = np.asarray(x, dtype=np.float64).reshape(-1)
+
+    def read(flat: np.ndarray, tensor_map, coords: list[np.ndarray]) -> np.ndarray:
+        """Elements at integer coordinate arrays (innermost first) through the map's byte strides."""
+        inside = np.ones(np.broadcast(*coords).shape, dtype=bool)
+        for c, d in zip(coords, tensor_map.dims):
+            inside &= (c >= 0) & (c < d)
+        offset = coords[0] * 4 + sum(c * s for c, s in zip(coords[1:], tensor_map.strides))
+        return np.where(inside, flat[np.where(inside, offset // 4, 0)], 0.0)
+
+    bm, bn, bk = context["BM"], context["BN"], context["BK"]
+    gemm_m, gemm_n = context["GEMM_M"], context["GEMM_N"]
+    assert not context["vector_store"] or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
+    y = np.full(gemm_m * gemm_n, np.nan)
+    names = ["n", *(f"o{j}" for j in range(spec.dims))]
+    for tile in range(context["tiles_total"]):
+        col = tile // context["n_tiles"] * bm
+        n_tile = tile % context["n_tiles"] * bn
+        pixel = {name: np.int64(_eval(expr, col=np.int64(col))) for name, expr in zip(names, alg.col_coords)}
+        origin = tuple(int(_eval(e, **pixel)) for e in im2col["origin"])
+        acc = np.zeros((bm, bn))
+        for k in range(context["taps"] * context["c_chunks"]):
+            kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
+            offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
+            walk = np.array(im2col_walk(x_map, (c0, *origin, pixel["n"]), offsets, bm))
+            channels = c0 + np.arange(bk)[None, :]
+            a = read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
+            b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
+            acc += a @ b
+        for i in range(bm):
+            m = col + i
+            if m < gemm_m:
+                stored = range(n_tile, min(n_tile + bn, gemm_n))
+                y[m * gemm_n + stored.start:m * gemm_n + stored.stop] = acc[i, :len(stored)]
+    return y.reshape(alg.output_shape)
+
+
 def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:
     alg = IndexAlgebra(spec)
     if family == "im2col":

@@ -1,5 +1,6 @@
-"""Host side of the TMA kernels: encode a tensor map (``cuTensorMapEncodeTiled`` from the CUDA
-driver, through ctypes) into the 128-byte value a kernel takes by ``__grid_constant__`` parameter.
+"""Host side of the TMA kernels: encode a tensor map (``cuTensorMapEncodeTiled`` or
+``cuTensorMapEncodeIm2col`` from the CUDA driver, through ctypes) into the 128-byte value a kernel
+takes by ``__grid_constant__`` parameter.
 
 The driver library is loaded on first use, so nothing here needs a GPU until a TMA kernel runs.
 """
@@ -13,9 +14,11 @@ import numpy as np
 from codegen.families.base import TensorMap
 
 TENSOR_MAP_BYTES = 128
-FLOAT32, INTERLEAVE_NONE, SWIZZLE_NONE, L2_PROMOTION_128B, FILL_ZEROS = 7, 0, 0, 2, 0
-"""CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion and
-CUtensorMapFloatOOBfill values (cuda.h) of the maps convgen encodes."""
+FLOAT32, INTERLEAVE_NONE, L2_PROMOTION_128B, FILL_ZEROS = 7, 0, 2, 0
+"""CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapL2promotion and CUtensorMapFloatOOBfill
+values (cuda.h) of the maps convgen encodes."""
+SWIZZLE = {0: 0, 128: 3}
+"""CUtensorMapSwizzle value of each swizzle width in bytes (NONE, 128B)."""
 TENSOR_MAP_TYPE = np.dtype([("words", np.uint64, (TENSOR_MAP_BYTES // 8,))])
 """A numpy structured scalar of this type is passed to a CuPy kernel by value, as the struct."""
 
@@ -26,16 +29,27 @@ def _driver() -> ctypes.CDLL:
 
 
 def encode(tensor_map: TensorMap, pointer: int) -> np.void:
-    """The map of ``tensor_map``'s geometry over the fp32 tensor at device address ``pointer``."""
+    """The map of ``tensor_map``'s geometry over the fp32 tensor at device address ``pointer``:
+    tiled (``cuTensorMapEncodeTiled``) or, with corners, im2col (``cuTensorMapEncodeIm2col``)."""
     rank = len(tensor_map.dims)
     encoded = (ctypes.c_ubyte * TENSOR_MAP_BYTES)()
-    status = _driver().cuTensorMapEncodeTiled(
-        ctypes.byref(encoded), FLOAT32, rank, ctypes.c_void_p(pointer),
-        (ctypes.c_uint64 * rank)(*tensor_map.dims), (ctypes.c_uint64 * (rank - 1))(*tensor_map.strides),
-        (ctypes.c_uint32 * rank)(*tensor_map.box), (ctypes.c_uint32 * rank)(*(1,) * rank),
-        INTERLEAVE_NONE, SWIZZLE_NONE, L2_PROMOTION_128B, FILL_ZEROS)
+    dims = (ctypes.c_uint64 * rank)(*tensor_map.dims)
+    strides = (ctypes.c_uint64 * (rank - 1))(*tensor_map.strides)
+    element_strides = (ctypes.c_uint32 * rank)(*tensor_map.traversal_strides)
+    tail = (INTERLEAVE_NONE, SWIZZLE[tensor_map.swizzle], L2_PROMOTION_128B, FILL_ZEROS)
+    if tensor_map.corners:
+        lower, upper = ((ctypes.c_int * (rank - 2))(*corner) for corner in tensor_map.corners)
+        channels, pixels = tensor_map.box
+        function = "cuTensorMapEncodeIm2col"
+        status = _driver().cuTensorMapEncodeIm2col(ctypes.byref(encoded), FLOAT32, rank, ctypes.c_void_p(pointer), dims,
+                                                   strides, lower, upper, channels, pixels, element_strides, *tail)
+    else:
+        function = "cuTensorMapEncodeTiled"
+        status = _driver().cuTensorMapEncodeTiled(ctypes.byref(encoded), FLOAT32, rank, ctypes.c_void_p(pointer), dims,
+                                                  strides, (ctypes.c_uint32 * rank)(*tensor_map.box), element_strides, *tail)
     if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {status}) for buffer {tensor_map.buffer!r}: dims "
-                           f"{tensor_map.dims}, byte strides {tensor_map.strides}, box {tensor_map.box}, address "
-                           f"{pointer:#x} (it must be 16-byte aligned)")
+        corners = f", corners {tensor_map.corners}" if tensor_map.corners else ""
+        raise RuntimeError(f"{function} failed (CUresult {status}) for buffer {tensor_map.buffer!r}: dims "
+                           f"{tensor_map.dims}, byte strides {tensor_map.strides}, box {tensor_map.box}{corners}, "
+                           f"address {pointer:#x} (it must be 16-byte aligned)")
     return np.frombuffer(bytes(encoded), dtype=TENSOR_MAP_TYPE)[0]

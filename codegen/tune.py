@@ -344,9 +344,9 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     """A batch evaluator: compile in parallel, prune on ptxas's report, check, then time."""
     import cupy
 
-    from codegen.api import Kernel, plan
+    from codegen.api import Kernel, check_arch, plan
     from codegen.bench import median_seconds
-    from codegen.compile import compile_source
+    from codegen.compile import compile_source, resolve_arch
     from codegen.families import get_family
     from codegen.render import render_kernels
 
@@ -363,6 +363,7 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     def prepare(tiles: dict):
         try:
             kernel_plan = plan(family, spec, tiles)
+            check_arch(kernel_plan, resolve_arch(None))
         except SpecError as err:
             return Trial(tiles, status="refused", detail=str(err))
         source = render_kernels(kernel_plan)

@@ -22,7 +22,9 @@ def test_catalogue_is_fresh():
 
 def test_catalogue_covers_every_benchmark_layer_and_layout():
     names = {(e.family, e.name) for e in catalogue.entries()}
-    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16
+    tma = {name for family, name in names if name.endswith("_tma") and family == "implicit_gemm"}
+    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma)
+    assert {"conv8_nhwc_tma", "conv4_nhwc_tma", "c3d_conv2_ndhwc_tma"} <= tma and len(tma) == 12  # C a multiple of 4
     assert ("implicit_gemm", "c3d_conv2_ndhwc") in names and ("im2win", "conv4_nchw") in names
     assert ("im2col", "conv4_nchw") in names and ("col2im", "conv12_nhwc_scatter") in names
     assert ("direct", "filter_r4_constant") in names and ("direct", "c3d_conv2_ndhwc") in names
@@ -62,6 +64,26 @@ def test_3d_and_pitched_emission_builds(tmp_path, family, tiles):
     spec = ConvSpec(dims=3, layout="NDHWC", n=1, c=5, k=1, input_size=(4, 6, 7), filter_size=(2, 3, 3),
                     stride=(1, 2, 1), padding=1, dilation=(2, 1, 1), dpitch=8)
     path = emit(family, spec, tmp_path / "k3d.cu", tiles)
+    _, rc, err = _nvcc(path, tmp_path)
+    assert rc == 0 and not err.strip(), err
+
+
+@needs_nvcc
+def test_tma_implicit_gemm_emission_encodes_both_maps_and_builds_with_its_selftest(tmp_path):
+    """The launcher encodes the image's im2col map (corners, traversal strides, 128-byte swizzle) and
+    the workspace's tiled map per call, transposes the filter into the caller's workspace, then
+    launches the TMA kernel; the file and its self-test build without warnings."""
+    spec = ConvSpec(dims=3, layout="NDHWC", n=2, c=36, k=41, input_size=(5, 7, 9), filter_size=(2, 3, 3),
+                    stride=(1, 2, 1), padding=(0, 1, 1), dilation=(2, 1, 1), dpitch=40)
+    path = emit("implicit_gemm", spec, tmp_path / "tma.cu", {"tma": True})
+    text = path.read_text()
+    assert "float* y, float* wt, cudaStream_t stream)" in text
+    assert "const int lower[] = {-1, -1, 0};" in text and "const int upper[] = {-1, -1, -2};" in text
+    assert "const cuuint32_t element_strides[] = {1, 1, 2, 1, 1};" in text
+    assert "cuTensorMapEncodeIm2col" in text and "CU_TENSOR_MAP_SWIZZLE_128B" in text
+    launches = [line.split("<<<")[0].strip() for line in text.splitlines() if "<<<" in line]
+    assert len(launches) == 2 and launches[0] == launches[1] + "_filter"
+    assert text.index("convgen_encode_im2col_map(&x_map") < text.index("convgen_encode_map(&wt_map") < text.index("<<<")
     _, rc, err = _nvcc(path, tmp_path)
     assert rc == 0 and not err.strip(), err
 

@@ -281,6 +281,44 @@ def test_tma_tile_algebra(spec, rows, warps, seed):
     assert compare(register_tiles_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
 
 
+TMA_GEMM_TILES = st.sampled_from(((32, 64), (64, 64), (128, 64), (256, 64), (32, 128), (64, 128), (128, 128),
+                                  (32, 256), (64, 256))).map(lambda b: {"block_m": b[0], "block_n": b[1], "stages": 3})
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=specs(vector_pitch=True, max_channels=40, max_k=70, max_size=12), drawn=TMA_GEMM_TILES,
+       seed=st.integers(0, 2**16))
+def test_tma_implicit_gemm_algebra(spec, drawn, seed):
+    """The TMA implicit GEMM's plan on the CPU: the filter transposed by the printed offsets, each
+    slice's A tile walked through the im2col map (dims, byte strides, corners, traversal strides)
+    from the producer's coordinates and tap offsets as the driver API documents the mode, B read
+    through the tiled map, tiles stored where the output has them; against the slicing reference.
+    Stride, padding, dilation, channel tails (C not a multiple of 32) and K tails all occur."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    family = get_family("implicit_gemm")
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
+
+
+def test_im2col_walk_wraps_rows_and_images_inside_the_corners():
+    """A 2 x 3 output grid of a 4 x 5 image (filter 2 x 3, padding (0, 1), stride (2, 2)): the walk
+    from pixel (n 0, h 0, w -1) visits w -1, 1, 3 then wraps to the next output row (h 2), then to
+    image 1, each shifted by the tap's offsets."""
+    from codegen.families.base import TensorMap
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=4, k=1, input_size=(4, 5), filter_size=(2, 3), stride=2,
+                    padding=(0, 1))
+    terms = index.im2col_map_terms(IndexAlgebra(spec))
+    assert index.output_size(spec) == (2, 3)
+    tensor_map = TensorMap("x", terms["dims"], terms["strides"], (32, 7), corners=(terms["lower"], terms["upper"]),
+                           element_strides=terms["element_strides"])
+    assert maps.im2col_walk(tensor_map, (0, -1, 0, 0), (2, 1), 7) == [
+        (0, 1, 1), (0, 3, 1), (0, 5, 1), (0, 1, 3), (0, 3, 3), (0, 5, 3), (1, 1, 1)]
+
+
 @pytest.mark.parametrize("threads", (1, 3, 7, 32, 64, 96, 256, 1024))
 def test_stage_copy_split_covers_every_cell(threads):
     """Whatever the thread count against the row's units (fewer, more, not a multiple), the

@@ -90,6 +90,8 @@ BAD_TILES = [
     ("im2col_gemm", {"batch_chunk": 3}, "tiles.batch_chunk", "must divide n (2)"),
     ("implicit_gemm", {"split_k": 16}, "tiles.split_k", "at most the 4 k-slices of 8 that K = 27 makes"),
     ("implicit_gemm", {"split_k": 0}, "tiles.split_k", "[1, 16]"),
+    ("implicit_gemm", {"stages": 5}, "tiles.stages", "at most 4 for the cp.async kernel"),
+    ("implicit_gemm", {"stages": 7}, "tiles.stages", "one of 1, 2, 3, 4, 5, 6"),
 ]
 
 
@@ -179,6 +181,68 @@ def test_tma_plan_passes_the_image_as_a_tensor_map():
     assert tensor_map.strides == (8192 * 4, 8192 * 8192 * 4, 8192 * 8192 * 4)
     assert kernel_plan.min_arch == 90 and kernel_plan.context["tiles_total"] == 64 * 256
     assert launch.shared_bytes == 128 + 4 * 40 * 136 * 4      # barriers, then 4 buffers of one box
+
+
+def test_tma_implicit_gemm_refusals_name_the_field_and_what_is_allowed():
+    """The TMA implicit GEMM takes what TMA's im2col mode and its fixed warp tiles take; every other
+    choice is refused before compiling, naming the field, and im2win (same tiles) refuses tma."""
+    from codegen.api import build
+
+    tma = {"tma": True}
+    last = make(c=8, k=40)
+    with pytest.raises(SpecError, match="tiles.tma=True.*channels-last layout.*not NCHW"):
+        plan("implicit_gemm", make(layout="NCHW"), tma)
+    with pytest.raises(SpecError, match="dpitch=3.*multiple of 4 with tma=True"):
+        plan("implicit_gemm", make(), tma)
+    with pytest.raises(SpecError, match="stride\\[1\\]=9.*at most 8"):
+        plan("implicit_gemm", make(c=8, input_size=(32, 40), stride=(1, 9)), tma)
+    with pytest.raises(SpecError, match="padding\\[0\\]=129.*corners \\(-129, 127\\).*\\[-128, 127\\]"):
+        plan("implicit_gemm", make(c=8, padding=(129, 0), filter_size=(3, 3)), tma)
+    deep = ConvSpec(dims=3, layout="NDHWC", n=1, c=8, k=8, input_size=(4, 40, 40), filter_size=(1, 9, 1),
+                    dilation=(1, 3, 1), padding=(0, 4, 0))
+    with pytest.raises(SpecError, match="padding\\[1\\]=4.*corners \\(-4, -20\\).*\\[-16, 15\\]"):
+        plan("implicit_gemm", deep, tma)
+    with pytest.raises(SpecError, match="tiles.block_k=16.*must be 32 with tma=True"):
+        plan("implicit_gemm", last, {**tma, "block_k": 16})
+    with pytest.raises(SpecError, match="tiles.split_k=2.*must be 1 with tma=True"):
+        plan("implicit_gemm", last, {**tma, "split_k": 2})
+    with pytest.raises(SpecError, match="tiles.block_n=96.*multiple of 64 with tma=True"):
+        plan("implicit_gemm", last, {**tma, "block_n": 96})
+    with pytest.raises(SpecError, match="tiles.stages=1.*at least 2"):
+        plan("implicit_gemm", last, {**tma, "stages": 1})
+    with pytest.raises(SpecError, match="tiles.stages=6.*246880 bytes.*at most 232448"):
+        plan("implicit_gemm", last, {**tma, "block_m": 64, "block_n": 256, "stages": 6})
+    with pytest.raises(SpecError, match="tiles.block_m/block_n=\\(256, 128\\).*16 consumer warps.*544 threads"):
+        plan("implicit_gemm", last, {**tma, "block_m": 256, "block_n": 128, "stages": 2})
+    with pytest.raises(SpecError, match="tiles.block_m/block_n=\\(256, 256\\).*1056 threads"):
+        plan("implicit_gemm", last, {**tma, "block_m": 256, "block_n": 256})
+    with pytest.raises(SpecError, match="tiles.tma=True.*implicit_gemm only"):
+        plan("im2win", last, {"tma": True})
+    with pytest.raises(SpecError, match="arch='sm_80'.*implicit_gemm variant tma uses sm_90 instructions"):
+        build("implicit_gemm", last, tma, arch="sm_80")
+
+
+def test_tma_implicit_gemm_plan_transposes_the_filter_then_passes_two_tensor_maps():
+    """conv8 in NHWC: the filter transposed into a 9 x 64 x 128 workspace, then one persistent
+    block per SM of 8 consumer warps and a producer, given the image as an im2col map (channels
+    innermost, 128-byte swizzle, corners -p and p - d*(f-1), traversal strides from the stride)
+    and the workspace as a tiled map read in 128 x 32 boxes."""
+    spec = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3)
+    kernel_plan = plan("implicit_gemm", spec, {"tma": True})
+    transpose, main = kernel_plan.launches
+    x_map, w_map = main.tensor_maps
+    assert transpose.args == ("w", "wt") and transpose.grid == (-(-9 * 64 * 128 // 256), 1, 1)
+    assert (main.grid, main.block, main.args) == ((132, 1, 1), (288, 1, 1), ("y",))
+    assert kernel_plan.workspace_bytes == 9 * 64 * 128 * 4 and kernel_plan.min_arch == 90
+    assert (x_map.dims, x_map.strides, x_map.box) == ((64, 112, 112, 128), (256, 256 * 112, 256 * 112 * 112), (32, 128))
+    assert (x_map.corners, x_map.element_strides, x_map.swizzle) == (((0, 0), (-2, -2)), (1, 1, 1, 1), 128)
+    assert (w_map.buffer, w_map.dims, w_map.strides, w_map.box) == ("wt", (128, 64, 9), (512, 512 * 64), (128, 32, 1))
+    strided = ConvSpec(dims=3, layout="NDHWC", n=2, c=36, k=40, input_size=(5, 7, 9), filter_size=(2, 3, 3),
+                       stride=(1, 2, 1), padding=(0, 1, 1), dilation=(2, 1, 1), dpitch=40)
+    x_map, w_map = plan("implicit_gemm", strided, {"tma": True}).launches[1].tensor_maps
+    assert x_map.dims == (36, 9, 7, 5, 2) and x_map.strides == (160, 160 * 9, 160 * 63, 160 * 315)
+    assert x_map.corners == ((-1, -1, 0), (-1, -1, -2)) and x_map.element_strides == (1, 1, 2, 1, 1)
+    assert w_map.dims == (40, 36, 18) and w_map.strides == (160, 160 * 36)
 
 
 def test_vectorised_im2col_needs_a_pitch_multiple_of_four():

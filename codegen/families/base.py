@@ -40,12 +40,25 @@ class TensorMap:
     """A TMA tensor map of a buffer, passed by value before the buffer arguments: the fp32 tensor
     of ``dims`` elements (innermost first) with byte ``strides`` for every dimension but the
     innermost, read in boxes of ``box`` elements; elements outside the tensor read as zero.  The
-    map holds the buffer's address, so the launcher encodes one per buffer address."""
+    map holds the buffer's address, so the launcher encodes one per buffer address.
+
+    ``swizzle`` (0 or 128 bytes) permutes the 16-byte chunks of each 128-byte shared-memory row
+    (chunk j of row r lands at j ^ (r % 8)), so that reads down a column spread over the banks.
+    With ``corners`` the map is an *im2col* map (``index.im2col_map_terms``): the lower and upper
+    corners of the spatial axes, innermost first, ``box`` is (channels per pixel, pixels per
+    column) and ``element_strides`` the traversal stride of every dimension."""
 
     buffer: str
     dims: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    swizzle: int = 0
+    corners: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    element_strides: tuple[int, ...] = ()
+
+    @property
+    def traversal_strides(self) -> tuple[int, ...]:
+        return self.element_strides or (1,) * len(self.dims)
 
 
 @dataclass(frozen=True)

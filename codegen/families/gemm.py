@@ -70,6 +70,7 @@ class GemmTiles(Tiles):
     vector_smem: bool = True
     precomp: bool = True
     split_k: int = 1
+    tma: bool = False
 
     PARAMS: ClassVar = (
         TileParam("block_m", "CTA tile along GEMM M (output pixels)", minimum=1, maximum=256),
@@ -79,7 +80,7 @@ class GemmTiles(Tiles):
         TileParam("warp_n", "warp tile along N", minimum=1, maximum=256),
         TileParam("thread_m", "thread micro-tile along M (outer-product rows)", choices=(1, 2, 4, 8, 12, 16)),
         TileParam("thread_n", "thread micro-tile along N (outer-product columns)", choices=(1, 2, 4, 8, 12, 16)),
-        TileParam("stages", "shared-memory buffers: 1 = no double buffering or prefetch", choices=(1, 2, 3, 4)),
+        TileParam("stages", "shared-memory buffers: 1 = no double buffering or prefetch", choices=(1, 2, 3, 4, 5, 6)),
         TileParam("async_copy", "fill shared memory with cp.async (sm_80+) instead of through registers",
                   choices=(True, False)),
         TileParam("vector_load", "load A and B four k-steps per thread where the channel count and pitch "
@@ -93,11 +94,21 @@ class GemmTiles(Tiles):
         TileParam("split_k", "CTAs that share one output tile's K range (CUTLASS's split-K), summing their "
                   "partial tiles into the zeroed output with atomic adds: more CTAs where the output has "
                   "few tiles and K is long", minimum=1, maximum=16),
+        TileParam("tma", "implicit_gemm on channels-last data, sm_90: persistent warp-specialised blocks in which "
+                  "one producer thread loads A with TMA's im2col mode and B (the filter, transposed per call into a "
+                  "taps x C x K workspace) as TMA boxes, for block_m/32 x block_n/64 consumer warps of 8x8 "
+                  "micro-tiles; fixes block_k 32, warp tile 32x64, thread tile 8x8, no row table, no split-K",
+                  choices=(False, True)),
     )
 
     @property
+    def consumer_warps(self) -> int:
+        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n)
+
+    @property
     def threads(self) -> int:
-        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n) * 32
+        """The consumer warps, plus the producer warp of the TMA kernel."""
+        return (self.consumer_warps + (1 if self.tma else 0)) * 32
 
 
 def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, tiles: GemmTiles) -> dict:
@@ -134,8 +145,57 @@ def pixels_split_evenly(block_m: int, threads: int) -> bool:
     return threads % block_m == 0 or block_m % threads == 0
 
 
+TMA_FIXED = {"block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8, "split_k": 1, "precomp": False,
+             "async_copy": True, "vector_load": True, "vector_smem": True}
+"""The tiles the TMA kernel is written for: a k-slice is 32 channels (one 128-byte swizzled
+shared-memory row per pixel), warps own 32x64 outputs in 8x8 micro-tiles read as float4, the
+im2col walk replaces the row table, and there is no split-K."""
+TMA_REGISTERS = 168
+"""Registers a TMA consumer thread needs (64 accumulators, 48 fragment registers, addresses; ptxas
+takes 168, and a 17-warp block held to 96 spilled 460 bytes): with the producer warp at the same
+count, at most 12 warps fit in an SM's register file."""
+TMA_ALIGNMENT = 1024
+"""Bytes of dynamic shared memory a TMA block keeps spare to start its tiles on the 1024-byte
+boundary the 128-byte swizzle needs (the dynamic allocation is only 16-byte aligned)."""
+
+
+def tma_shared_bytes(tiles: GemmTiles) -> int:
+    """The alignment slack, ``stages`` A tiles (block_m pixels x 32 channels) and B tiles (32
+    channels x block_n), then a full and an empty mbarrier per stage."""
+    return TMA_ALIGNMENT + tiles.stages * (tiles.block_m + tiles.block_n) * TMA_FIXED["block_k"] * 4 + 16 * tiles.stages
+
+
+def _check_tma_geometry(tiles: GemmTiles) -> None:
+    for name, fixed in TMA_FIXED.items():
+        if getattr(tiles, name) != fixed:
+            raise SpecError(f"tiles.{name}", getattr(tiles, name), f"must be {fixed!r} with tma=True (the TMA kernel "
+                            "reads 32-channel slices into 32x64 warp tiles of 8x8 micro-tiles, without a row table "
+                            "or split-K)")
+    for name, multiple in (("block_m", 32), ("block_n", 64)):
+        if getattr(tiles, name) % multiple:
+            raise SpecError(f"tiles.{name}", getattr(tiles, name), f"must be a multiple of {multiple} with tma=True "
+                            f"(one consumer warp per 32x64 outputs)")
+    if tiles.stages < 2:
+        raise SpecError("tiles.stages", tiles.stages, "must be at least 2 with tma=True (the producer fills one stage "
+                        "while the consumers multiply another)")
+    check_block(tiles.threads, "tiles.block_m/block_n", (tiles.block_m, tiles.block_n))
+    if tiles.threads * TMA_REGISTERS > REGISTER_FILE:
+        raise SpecError("tiles.block_m/block_n", (tiles.block_m, tiles.block_n), f"gives {tiles.consumer_warps} consumer "
+                        f"warps; with the producer's, {tiles.threads} threads of about {TMA_REGISTERS} registers "
+                        f"need more than the {REGISTER_FILE} an SM has (at most 11 consumer warps: block_m * block_n "
+                        f"<= {11 * 32 * 64})")
+    shared = tma_shared_bytes(tiles)
+    if shared > DYNAMIC_SHARED_LIMIT:
+        raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of {tiles.block_m}x32 and 32x{tiles.block_n} "
+                        f"floats need {shared} bytes of shared memory with the alignment slack and barriers; at most "
+                        f"{DYNAMIC_SHARED_LIMIT} are allowed (sm_90 opt-in dynamic shared memory)")
+
+
 def check_geometry(tiles: GemmTiles) -> None:
     """Every divisibility and size rule of the tile hierarchy, each failure naming its field."""
+    if tiles.tma:
+        _check_tma_geometry(tiles)
+        return
     pairs = (("block_m", "warp_m"), ("block_n", "warp_n"), ("warp_m", "thread_m"), ("warp_n", "thread_n"))
     for outer, inner in pairs:
         if getattr(tiles, outer) % getattr(tiles, inner):
@@ -146,6 +206,9 @@ def check_geometry(tiles: GemmTiles) -> None:
         raise SpecError("tiles.warp_m/warp_n", (tiles.warp_m, tiles.warp_n),
                         f"a warp tile must hold 32 thread tiles of {tiles.thread_m}x{tiles.thread_n}; this one holds {lanes}")
     check_block(tiles.threads, "tiles.block_m/block_n", (tiles.block_m, tiles.block_n))
+    if tiles.stages > 4:
+        raise SpecError("tiles.stages", tiles.stages, "must be at most 4 for the cp.async kernel (5 and 6 are for "
+                        "tma=True)")
     if tiles.stages > 2 and not tiles.async_copy:
         raise SpecError("tiles.stages", tiles.stages, "more than 2 stages need async_copy (register staging "
                         "double-buffers only)")
@@ -169,7 +232,9 @@ def barrier_bytes(tiles: GemmTiles) -> int:
 
 def shared_bytes(tiles: GemmTiles) -> int:
     """The barriers, then the larger of the pipeline's stages and the epilogue's transposed tile
-    (which reuses them)."""
+    (which reuses them); the TMA kernel's layout is ``tma_shared_bytes``."""
+    if tiles.tma:
+        return tma_shared_bytes(tiles)
     pipeline = tiles.stages * (tiles.block_m + tiles.block_n + 2 * SMEM_PAD) * tiles.block_k * 4
     epilogue = tiles.block_m * tiles.block_n * 4 + max(tiles.block_m, tiles.block_n) * SMEM_PAD * 4
     return barrier_bytes(tiles) + max(pipeline, epilogue)
@@ -263,7 +328,7 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
                                                  warp_m=lanes_m * thread_m, warp_n=(32 // lanes_m) * thread_n,
                                                  thread_m=thread_m, thread_n=thread_n, stages=stages, async_copy=True,
                                                  vector_load=a_vector_ok, vector_smem=True, precomp=precomp,
-                                                 split_k=split_k)
+                                                 split_k=split_k, tma=False)
                                     try:
                                         check_geometry(GemmTiles(**tiles))
                                     except SpecError:
@@ -296,6 +361,9 @@ def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int) -> tup
 
 def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_m_fastest: bool) -> dict:
     """Template context of the GEMM main loop for one spec and tile choice."""
+    if tiles.tma:
+        raise SpecError("tiles.tma", True, "applies to implicit_gemm only (its TMA kernel loads A with the im2col "
+                        "mode straight from the image); leave it False here")
     check_geometry(tiles)
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)

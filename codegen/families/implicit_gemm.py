@@ -6,7 +6,15 @@ the image on the fly, with zeros for padding.  Address arithmetic is split as CU
 iterators do: a per-pixel base (computed once per thread) plus a per-row delta, either divided
 out in the kernel or read from a table precomputed by the generator (``precomp``, cuDNN's
 IMPLICIT_PRECOMP_GEMM).  Tiles, pipeline and micro-kernel: ``codegen/families/gemm.py``.
-No workspace: the extra device memory is the row table (16 bytes per row at most).
+No workspace: the extra device memory is the row table (16 bytes per row at most).  The TMA
+kernel below needs one, for the transposed filter.
+
+With ``tma`` (channels-last, sm_90) the kernel is Hopper's instead (docs/perf.md, GEMM v11):
+persistent blocks whose producer thread loads each k-slice, one filter tap by 32 channels, with
+two TMA copies (A through the im2col mode, which walks the tile's pixels across rows and images
+and reads zeros for padding; B as a box of the filter, transposed per call into a taps x C x K
+workspace so that B fragments run along output channels), on a ring of mbarrier stages that
+consumer warps drain with only shared loads and FMAs.
 """
 from __future__ import annotations
 
@@ -14,9 +22,19 @@ import numpy as np
 
 from codegen import index
 from codegen.families import gemm
-from codegen.families.base import Buffer, Family, KernelPlan, Launch, convolution_selftest_context, kernel_name
+from codegen.families.base import (Buffer, Family, KernelPlan, Launch, TensorMap, convolution_selftest_context,
+                                   grid_for, kernel_name)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
+from codegen.tiles import SM_COUNT_HINT
+
+SHARED_PER_SM = 228 * 1024
+"""Shared memory of one sm_90 SM, of which each resident block also takes ``BLOCK_RESERVED``."""
+BLOCK_RESERVED = 1024
+TMA_STAGES = 6
+"""Most stages the heuristic gives the TMA kernel (the prototype gained 1-2 % from 4 to 6 on
+c3d_conv2)."""
+TRANSPOSE_THREADS = 256
 
 
 def image_vector_ok(spec: ConvSpec) -> bool:
@@ -33,13 +51,57 @@ class ImplicitGemm(Family):
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         return gemm.heuristic(spec, image_vector_ok(spec))
 
+    def tma_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
+        """The TMA kernel's tiles, from the prototype's H100 timings (docs/perf.md, GEMM v11):
+        128x128 tiles above 64 output channels, 256x64 otherwise, halved along M while the grid
+        has fewer tiles than SMs; as many stages as shared memory holds, up to ``TMA_STAGES``."""
+        gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
+        block_n = 128 if gemm_n > 64 else 64
+        block_m = 128 if block_n == 128 else 256
+        while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < SM_COUNT_HINT:
+            block_m //= 2
+        tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, stages=2, tma=True, **gemm.TMA_FIXED)
+        for stages in range(TMA_STAGES, 2, -1):
+            candidate = gemm.GemmTiles(**{**tiles.to_dict(), "stages": stages})
+            if gemm.tma_shared_bytes(candidate) <= gemm.DYNAMIC_SHARED_LIMIT:
+                return candidate
+        return tiles
+
+    def complete_tiles(self, spec: ConvSpec, requested: dict) -> gemm.GemmTiles:
+        """Unset tiles come from the TMA kernel's heuristic when ``tma`` is asked for."""
+        base = self.tma_tiles(spec) if requested.get("tma") else self.default_tiles(spec)
+        return gemm.GemmTiles.from_dict({**base.to_dict(), **requested})
+
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        return gemm.tuning_space(spec, image_vector_ok(spec))
+        """The GEMM core's space, plus the TMA kernel's tiles (block_m 64-256, block_n 64-256 but
+        no wider than the channels need, 3-6 stages that fit) where the spec suits it."""
+        return gemm.tuning_space(spec, image_vector_ok(spec)) + self._tma_space(spec)
 
     def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
-        return gemm.tuning_seeds(spec, image_vector_ok(spec))
+        """The GEMM core's seeds, plus the TMA heuristic where the spec suits it."""
+        seeds = gemm.tuning_seeds(spec, image_vector_ok(spec))
+        return seeds + ([self.tma_tiles(spec).to_dict()] if tma_suits(spec) else [])
+
+    def _tma_space(self, spec: ConvSpec) -> list[dict]:
+        if not tma_suits(spec):
+            return []
+        base = self.tma_tiles(spec).to_dict()
+        widest = max(64, -(-spec.k // 64) * 64)
+        space = []
+        for block_m in (64, 128, 256):
+            for block_n in (b for b in (64, 128, 256) if b <= widest):
+                for stages in (3, 4, 5, 6):
+                    tiles = gemm.GemmTiles(**{**base, "block_m": block_m, "block_n": block_n, "stages": stages})
+                    try:
+                        gemm.check_geometry(tiles)
+                    except SpecError:
+                        continue
+                    space.append(tiles.to_dict())
+        return space
 
     def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
+        if tiles.tma:
+            return self._tma_plan(spec, tiles)
         alg = self.algebra(spec)
         terms = index.gemm_terms(alg, "image")
         vector = image_vector_ok(spec)
@@ -52,15 +114,91 @@ class ImplicitGemm(Family):
         padded_pixels = launch.grid[0] // context["n_tiles"] * tiles.block_m
         context.update(index.template_context(alg, max(launch.threads, padded_pixels), column_matrix=False))
         context.update(convolution_selftest_context(alg))
-        context.update(kernel=name, variant=variant, table_name=f"{name}_rows")
+        context.update(kernel=name, variant=variant, table_name=f"{name}_rows", tma=False)
         buffers = (Buffer("x", alg.image_shape, "in", 16 if vector and tiles.vector_load else 4),
                    Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
                    Buffer("y", alg.output_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1)
 
+    def _tma_plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
+        """Two launches: the filter transposed into the workspace, then the persistent TMA kernel
+        (grid: every SM times the blocks that fit on one, or fewer when there are fewer tiles)."""
+        check_tma_spec(spec)
+        gemm.check_geometry(tiles)
+        alg = self.algebra(spec)
+        gemm_m, gemm_n, _ = index.gemm_sizes(alg)
+        im2col = index.im2col_map_terms(alg)
+        transposed = index.transposed_filter_terms(alg)
+        block_k = gemm.TMA_FIXED["block_k"]
+        m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
+        shared = gemm.tma_shared_bytes(tiles)
+        resident = max(1, min(SHARED_PER_SM // (shared + BLOCK_RESERVED),
+                              gemm.REGISTER_FILE // (tiles.threads * gemm.TMA_REGISTERS)))
+        name = kernel_name(self.name, "tma", spec, tiles)
+        x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, tiles.block_m), swizzle=128,
+                          corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
+        w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
+        launches = (
+            Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
+                   (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
+            Launch(name, (min(m_tiles * n_tiles, SM_COUNT_HINT * resident), 1, 1), (tiles.threads, 1, 1), shared,
+                   args=("y",), tensor_maps=(x_map, w_map)),
+        )
+        vector_store = gemm_n % 4 == 0
+        context = index.template_context(alg, max(launches[1].threads, m_tiles * tiles.block_m), column_matrix=False)
+        context.update(convolution_selftest_context(alg))
+        context.update(
+            tma=True, kernel=name, transpose_kernel=f"{name}_filter", variant="tma",
+            BM=tiles.block_m, BN=tiles.block_n, BK=block_k, stages=tiles.stages, threads=tiles.threads,
+            warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,
+            consumers=tiles.consumer_warps, resident_blocks=resident, shared_bytes=shared,
+            alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
+            tiles_total=m_tiles * n_tiles, c_chunks=-(-spec.c // block_k), im2col_rank=spec.dims + 2,
+            origin=im2col["origin"], tap_offsets=im2col["tap_offsets"], vector_store=vector_store,
+            transpose={key: value for key, value in transposed.items() if key != "exprs"},
+        )
+        buffers = (Buffer("x", alg.image_shape, "in", 16), Buffer("w", alg.filter_shape, "in"),
+                   Buffer("y", alg.output_shape, "out", 16 if vector_store else 4),
+                   Buffer("wt", transposed["shape"], "workspace", 16))
+        return KernelPlan(self.name, "tma", spec, tiles, buffers, launches, context, min_arch=90)
+
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
         return convolution_reference(spec, x, w)
+
+
+def tma_suits(spec: ConvSpec) -> bool:
+    """Whether the TMA kernel takes ``spec`` (``check_tma_spec`` passes)."""
+    try:
+        check_tma_spec(spec)
+    except SpecError:
+        return False
+    return True
+
+
+def check_tma_spec(spec: ConvSpec) -> None:
+    """What TMA's im2col mode takes, each refusal naming the field: channels-last data, 16-byte
+    pixel strides, strides up to 8, and corners (-p and p - d*(f - 1)) in the 8-bit (2D) or 5-bit
+    (3D) range the map encodes."""
+    tma = ("tiles.tma", True)
+    if not spec.layout.channels_last:
+        raise SpecError(*tma, f"needs a channels-last layout (NHWC, NDHWC), not {spec.layout.value}: the TMA "
+                        "im2col mode reads each pixel's channels as one contiguous run")
+    if spec.pitch % 4:
+        raise SpecError("dpitch", spec.pitch, "must be a multiple of 4 with tma=True (TMA row strides are multiples of "
+                        "16 bytes); pad the channels with dpitch")
+    for j, stride in enumerate(spec.stride):
+        if stride > index.TMA_ELEMENT_STRIDE_LIMIT:
+            raise SpecError(f"stride[{j}]", stride, f"must be at most {index.TMA_ELEMENT_STRIDE_LIMIT} with tma=True "
+                            "(the largest traversal stride of a TMA map)")
+    limit = index.IM2COL_CORNER_LIMIT[spec.dims]
+    terms = index.im2col_map_terms(index.IndexAlgebra(spec))
+    for inner, corners in enumerate(zip(terms["lower"], terms["upper"])):
+        j = spec.dims - 1 - inner           # the map's spatial axes run innermost first
+        if not all(-limit <= corner < limit for corner in corners):
+            raise SpecError(f"padding[{j}]", spec.padding[j], f"with filter {spec.filter_size[j]} and dilation "
+                            f"{spec.dilation[j]} gives im2col corners {corners}, outside [-{limit}, {limit - 1}], the "
+                            f"range a {spec.dims + 2}-D TMA map encodes (tma=True)")
 
 
 FAMILY = ImplicitGemm()

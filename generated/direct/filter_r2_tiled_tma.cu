@@ -228,31 +228,41 @@ convgen_direct_tiled_tma_b343c73be4(const __grid_constant__ convgen_tensor_map x
 #include <cuda.h>
 #include <cstring>
 
-// TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled, fetched through the runtime
-// (no -lcuda needed); fp32, no interleave or swizzle, zeros outside the tensor.
+// TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled, fetched through the
+// runtime (no -lcuda needed); fp32, no interleave, zeros outside the tensor.
+template <typename Function>
+static cudaError_t convgen_driver_entry(const char* name, Function* function)
+{
+    if (*function) return cudaSuccess;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t status = cudaGetDriverEntryPointByVersion(name, reinterpret_cast<void**>(function), 12000, cudaEnableDefault, &found);
+    if (status != cudaSuccess) return status;
+    return found == cudaDriverEntryPointSuccess ? cudaSuccess : cudaErrorNotSupported;
+}
+
+static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap& encoded)
+{
+    static_assert(sizeof(encoded) == sizeof(convgen_tensor_map), "CUtensorMap is 128 bytes");
+    std::memcpy(map, &encoded, sizeof(encoded));
+    return cudaSuccess;
+}
+
 static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                      const cuuint64_t* strides, const cuuint32_t* box)
+                                      const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     static encode_fn encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-        const cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode),
-                                                                    12000, cudaEnableDefault, &found);
-        if (status != cudaSuccess) return status;
-        if (found != cudaDriverEntryPointSuccess) return cudaErrorNotSupported;
-    }
+    const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
+    if (found != cudaSuccess) return found;
     const cuuint32_t unit_strides[5] = {1, 1, 1, 1, 1};
     CUtensorMap encoded;
     if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, unit_strides,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
-    static_assert(sizeof(encoded) == sizeof(convgen_tensor_map), "CUtensorMap is 128 bytes");
-    std::memcpy(map, &encoded, sizeof(encoded));
-    return cudaSuccess;
+    return convgen_store_map(map, encoded);
 }
 
 extern "C" cudaError_t convgen_direct_filter_r2_tiled_tma(const float* x, const float* w, float* y, cudaStream_t stream)
@@ -266,7 +276,8 @@ extern "C" cudaError_t convgen_direct_filter_r2_tiled_tma(const float* x, const 
         const cuuint64_t dims[] = {8192, 8192, 1, 1};
         const cuuint64_t strides[] = {32768, 268435456, 268435456};
         const cuuint32_t box[] = {136, 36, 1, 1};
-        const cudaError_t encoded = convgen_encode_map(&x_map, x, 4, dims, strides, box);
+        const cudaError_t encoded = convgen_encode_map(&x_map, x, 4, dims, strides, box,
+                                                       CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_direct_tiled_tma_b343c73be4, cudaFuncAttributeMaxDynamicSharedMemorySize, 78464);
