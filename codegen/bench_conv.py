@@ -1,7 +1,8 @@
 """``convgen bench conv``: the convolution families against cuDNN fp32 on the twelve layers and
 the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU).
 
-Per layer: implicit GEMM, im2win, im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
+Per layer: implicit GEMM (and, on channels-last layers it takes, its sm_90 TMA kernel), im2win,
+im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
 (TF32 off, ``cudnn.benchmark`` on), each checked against cuDNN's output, then timed with CUDA
 events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
@@ -65,7 +66,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     import torch
 
     from codegen.api import build
-    from codegen.families import get_family, im2win
+    from codegen.families import get_family, im2win, implicit_gemm
     from codegen.tune import tuned_tiles
     from codegen.families.gemm import flops as gemm_flops
     from codegen.index import IndexAlgebra
@@ -111,6 +112,8 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
             groups.append([prepare("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES])
             continue
         groups.append([prepare(family, "heuristic", get_family(family).default_tiles(spec).to_dict())])
+        if family == "implicit_gemm" and implicit_gemm.tma_suits(spec):
+            groups.append([prepare(family, "tma", implicit_gemm.FAMILY.tma_tiles(spec).to_dict())])
         if tuned and family in ("implicit_gemm", "im2win"):
             recorded = tuned_tiles(family, spec)
             groups.append([prepare(family, "tuned", recorded) if recorded else
@@ -163,28 +166,37 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     return results
 
 
+SERIES = ("heuristic", "tma", "tuned")
+"""The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
+TMA kernel (channels-last layers it takes), and the tuning database's choice."""
+
+
+def _series(row: dict) -> str:
+    return row["variant"] if row["variant"] in SERIES else "heuristic"
+
+
 def format_table(results: list[dict]) -> str:
-    """One line per layer: TFLOP/s and ratio to cuDNN of each family (a "(tuned)" column after a
-    family's own when the tuning database was run), extra memory in MiB."""
+    """One line per layer: TFLOP/s and ratio to cuDNN of each family ("(tma)" and "(tuned)"
+    columns after a family's own when there are such rows), extra memory in MiB."""
     families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
-    families = [c for f in families for c in ((f, "heuristic"), (f, "tuned")) if any(
-        r["family"] == f and r["variant"] == c[1] for r in results) or (c[1] == "heuristic" and f == "direct")]
+    families = [(f, v) for f in families for v in SERIES if any(
+        r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
     head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
-        f" {f if v == 'heuristic' else '(tuned)':>13}" for f, v in families)
+        f" {f if v == 'heuristic' else f'({v})':>13}" for f, v in families)
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", head, "-" * len(head)]
     keyed = {}
     for r in results:
         if not r["ablation"]:
-            variant = "tuned" if r["variant"] == "tuned" else "heuristic"
-            keyed[(r["layer"], r["layout"], r["family"], variant)] = r
+            keyed[(r["layer"], r["layout"], r["family"], _series(r))] = r
     for layer, layout in dict.fromkeys((r["layer"], r["layout"]) for r in results):
         first = next(r for r in results if r["layer"] == layer and r["layout"] == layout)
         cells, mem = [], []
         for f, v in families:
             r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
-                cells.append(f" {'not tuned' if r and r['skipped'].startswith('no tuned') else 'refused':>13}")
+                missing = "not tuned" if r and r["skipped"].startswith("no tuned") else "refused" if r else "-"
+                cells.append(f" {missing:>13}")
                 mem.append(f" {'-':>13}")
                 continue
             cells.append(f" {r['tflops']:6.1f} ({r['speedup_vs_cudnn']:4.2f})")
@@ -219,18 +231,19 @@ def plot(results: list[dict], path: Path) -> bool:
         return False
     keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))
     labels = [f"{layer}\n{layout}" for layer, layout in keys]
-    families = [f for f in FAMILIES if any(r["family"] == f for r in main)]
+    families = [(f, v) for f in FAMILIES for v in SERIES[:2] if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel
     fig, axes = plt.subplots(panels, 1, figsize=(max(10, len(keys) * 0.9), 11 * panels / 3))
     width = 0.8 / (len(families) + 1)
     xs = np.arange(len(keys))
     cudnn = {(r["layer"], r["layout"]): r for r in results}
-    for j, family in enumerate(families):
-        values = {(r["layer"], r["layout"]): r for r in main if r["family"] == family}
-        axes[0].bar(xs + j * width, [values[k]["tflops"] if k in values else 0 for k in keys], width, label=family)
+    for j, (family, variant) in enumerate(families):
+        values = {(r["layer"], r["layout"]): r for r in main if r["family"] == family and _series(r) == variant}
+        label = family if variant == "heuristic" else f"{family} ({variant})"
+        axes[0].bar(xs + j * width, [values[k]["tflops"] if k in values else 0 for k in keys], width, label=label)
         axes[1].bar(xs + j * width, [values[k]["extra_bytes"] / 2**20 if k in values else 0 for k in keys], width,
-                    label=family)
+                    label=label)
     axes[0].bar(xs + len(families) * width, [cudnn[k]["cudnn_tflops"] for k in keys], width, label="cuDNN fp32",
                 color="grey")
     axes[1].bar(xs + len(families) * width, [cudnn[k]["cudnn_extra_bytes"] / 2**20 for k in keys], width,
@@ -240,7 +253,7 @@ def plot(results: list[dict], path: Path) -> bool:
     axes[1].set_ylabel("extra memory, MiB")
     axes[1].set_yscale("symlog")
     if ablation:
-        full = {(r["layer"], r["layout"]): r["tflops"] for r in main if r["family"] == "im2win"}
+        full = {(r["layer"], r["layout"]): r["tflops"] for r in main if r["family"] == "im2win" and _series(r) == "heuristic"}
         removed_kinds = list(dict.fromkeys(r["ablation"] for r in ablation))
         axes[2].bar(xs, [full.get(k, 0) for k in keys], 0.8 / (len(removed_kinds) + 1), label="im2win (all)")
         for j, removed in enumerate(removed_kinds, 1):

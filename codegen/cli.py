@@ -205,9 +205,10 @@ def cmd_bench(args) -> int:
     if args.family == "conv":
         from codegen import bench_conv
 
-        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats,
-                                        layouts=args.layouts or ("NCHW", "NCDHW"), layers=args.layers,
-                                        ablation=not args.no_ablation, tuned=args.tuned)
+        layouts = tuple(args.layouts or ("NCHW", "NCDHW"))
+        name = "conv" if layouts == ("NCHW", "NCDHW") else "conv-" + "-".join(l.lower() for l in layouts)
+        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts,
+                                        layers=args.layers, ablation=not args.no_ablation, tuned=args.tuned, name=name)
         print(bench_conv.format_table(results))
         return 0
     results = bench.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
@@ -354,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct", "conv"),
                            help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN")
     bench_cmd.add_argument("--layouts", nargs="+", help="default NCHW NHWC (im2col, col2im); NCHW NCDHW (conv: "
-                           "2D layers run in the 2D layouts given, 3D layers in the 3D ones)")
+                           "2D layers run in the 2D layouts given, 3D layers in the 3D ones; other layouts write "
+                           "conv-<layouts>.json and .png, e.g. conv-nhwc-ndhwc, where channels-last layers also "
+                           "run the implicit GEMM's TMA kernel)")
     bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
     bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
                            "configurations (tuned against heuristic against cuDNN)")

@@ -31,7 +31,15 @@ def cases() -> list[tuple[str, str, ConvSpec, dict | None]]:
         ("implicit_gemm", "nchw", nchw, None),
         ("im2win", "nchw", nchw, None),
         ("im2col_gemm", "nhwc", DEFAULT_SPEC, None),
-    ]
+    ] + ([("direct", "nchw_tiled_tma", nchw, {"variant": "tiled_tma"}),
+          ("implicit_gemm", "nhwc_pitch4_tma", pitched, {"tma": True})] if _has_tma() else [])
+
+
+def _has_tma() -> bool:
+    """The TMA kernels need sm_90: the device's, or the sm_90 that a machine without a GPU compiles for."""
+    from codegen.compile import resolve_arch
+
+    return int("".join(ch for ch in resolve_arch(None)[3:] if ch.isdigit())) >= 90
 
 
 def _heuristic(family: str, spec: ConvSpec) -> dict:
@@ -46,7 +54,7 @@ def run(out_dir: Path) -> int:
     print(f"convgen demo: default spec {DEFAULT_SPEC.describe()}")
     print("GPU found: kernels are run and checked" if gpu else
           "no GPU: kernels are generated, compiled to cubin (sm_90) and emitted, not run")
-    head = f"{'family':13} {'case':15} {'variant':22} {'cache':6} {'regs':>4} {'emitted':34} {'check':8} {'time':>10}"
+    head = f"{'family':13} {'case':15} {'variant':22} {'cache':6} {'regs':>4} {'emitted':48} {'check':8} {'time':>10}"
     print(head + "\n" + "-" * len(head))
     failures = 0
     for family, name, spec, tiles in cases():
@@ -64,6 +72,6 @@ def run(out_dir: Path) -> int:
             failures += mismatch is not None
             timing = f"{time_kernel(kernel) * 1e6:.1f} us"
         print(f"{family:13} {name:15} {kernel.plan.variant:22} {kernel.compiled.source_hit:6} {regs:4d} "
-              f"{str(path):34} {check:8} {timing:>10}")
+              f"{str(path):48} {check:8} {timing:>10}")
     print(f"\nemitted files build with: nvcc -arch=sm_90 -DCONVGEN_SELFTEST {out_dir}/<file>.cu -o selftest")
     return 1 if failures else 0

@@ -6,7 +6,8 @@
 #   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
 #   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
 #   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
-#   (im2col col2im direct conv); BENCH_ARGS are passed to every `convgen bench`; TEST_TIMEOUT is
+#   (im2col col2im direct conv conv-last; conv-last is bench conv on NHWC and NDHWC without the
+#   ablation, with the TMA implicit GEMM); BENCH_ARGS are passed to every `convgen bench`; TEST_TIMEOUT is
 #   each GPU test's limit in seconds (default 420; the 3D register-switch test needs about 450 at
 #   300 examples: NVRTC compiles every example).
 set -u
@@ -17,7 +18,7 @@ mkdir -p "$out" "$logs"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
 examples=${CONVGEN_GPU_EXAMPLES:-300}; [ "$mode" = quick ] && examples=30
-benches=${BENCHES-im2col col2im direct conv}; [ "$mode" = quick ] && benches=${BENCHES:-}
+benches=${BENCHES-im2col col2im direct conv conv-last}; [ "$mode" = quick ] && benches=${BENCHES:-}
 export CONVGEN_GPU_EXAMPLES=$examples
 summary=()
 step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and wall time
@@ -56,13 +57,14 @@ if [ "$mode" = full ] || [ "$mode" = bench ]; then
 fi
 if [ "$mode" != tests ]; then
     for bench in $benches; do
+        args=("$bench"); [ "$bench" = conv-last ] && args=(conv --layouts NHWC NDHWC --no-ablation)
         # shellcheck disable=SC2086
-        step "bench $bench" "bench-$bench.log" python3 -m codegen bench "$bench" --out "$out" ${BENCH_ARGS:-}
+        step "bench $bench" "bench-$bench.log" python3 -m codegen bench "${args[@]}" --out "$out" ${BENCH_ARGS:-}
     done
 fi
 tar czf "$out/logs.tgz" -C "$logs" .
 [ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
-for f in bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log; do
+for f in bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log bench-conv-last.log; do
     [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
 echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"

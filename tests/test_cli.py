@@ -115,8 +115,9 @@ def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
 
     result = run("demo", "--out", str(tmp_path), env={**__import__("os").environ, "CONVGEN_CACHE_DIR": str(cache_dir)})
     assert result.returncode == 0, result.stderr
-    assert len(list(tmp_path.glob("*.cu"))) == 11          # every case but im2col_gemm (a cuBLAS step)
+    assert len(list(tmp_path.glob("*.cu"))) == 13          # every case but im2col_gemm (a cuBLAS step)
     assert "implicit_gemm" in result.stdout and "(cuBLAS step)" in result.stdout
+    assert (tmp_path / "implicit_gemm_nhwc_pitch4_tma.cu").exists() and (tmp_path / "direct_nchw_tiled_tma.cu").exists()
     assert ("PASS" in result.stdout) == has_gpu()
 
 
@@ -189,19 +190,22 @@ def test_bench_layers_are_checked_before_any_gpu_work():
 
 
 def test_bench_conv_table_names_every_column_in_full():
-    """The tuned column follows its family's and says so; no family name is cut to fit."""
+    """The TMA and tuned columns follow their family's and say so; no family name is cut to fit;
+    a layer without a TMA row (channels-first) shows a dash there."""
     from codegen.bench_conv import format_table
 
-    def row(family, variant, tflops):
-        return {"family": family, "variant": variant, "layer": "conv8", "layout": "NCHW", "ablation": None,
+    def row(family, variant, tflops, layout="NHWC"):
+        return {"family": family, "variant": variant, "layer": "conv8", "layout": layout, "ablation": None,
                 "ms": 1.0, "tflops": tflops, "speedup_vs_cudnn": tflops / 40, "extra_bytes": 0,
                 "cudnn_tflops": 40.0, "cudnn_extra_bytes": 0}
 
-    text = format_table([row("implicit_gemm", "heuristic", 43.0), row("implicit_gemm", "tuned", 45.0),
-                         row("im2col_gemm", "heuristic", 37.0)])
-    head = text.splitlines()[1].split()
-    assert head == ["layer", "layout", "cuDNN", "implicit_gemm", "(tuned)", "im2col_gemm"]
-    assert "45.0 (1.12)" in text.splitlines()[3]
+    text = format_table([row("implicit_gemm", "heuristic", 43.0), row("implicit_gemm", "tma", 48.0),
+                         row("implicit_gemm", "tuned", 45.0), row("im2col_gemm", "heuristic", 37.0),
+                         row("implicit_gemm", "heuristic", 49.0, "NCHW")])
+    lines = text.splitlines()
+    assert lines[1].split() == ["layer", "layout", "cuDNN", "implicit_gemm", "(tma)", "(tuned)", "im2col_gemm"]
+    assert lines[3].split()[3:] == ["43.0", "(1.07)", "48.0", "(1.20)", "45.0", "(1.12)", "37.0", "(0.93)"]
+    assert lines[4].split()[3:] == ["49.0", "(1.23)", "-", "-", "-"]
 
 
 def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch, capsys):
