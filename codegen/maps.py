@@ -327,7 +327,8 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     transposed into its workspace by the printed source and destination offsets (NaN where
     nothing is written), each slice's A and B tiles are gathered through the tensor maps' dims,
     byte strides, corners and traversal strides (zeros outside a tensor) at the coordinates the
-    producer prints, and the tile is stored by the consumers' rule (NaN where nothing is stored).
+    producer computes (from the expressions it prints), and the tile's rows and channels that lie
+    inside the output are stored (NaN where nothing is).
     The hardware's share is taken from its documentation (``im2col_walk``); the GPU tests check
     that reading of it."""
     from codegen.families import get_family

@@ -46,7 +46,8 @@ class ImplicitGemm(Family):
     name = "implicit_gemm"
     template = "implicit_gemm.cu.j2"
     tiles_type = gemm.GemmTiles
-    summary = "implicit-GEMM convolution: cp.async pipeline, warp and thread tiles, precomputed offsets"
+    summary = ("implicit-GEMM convolution: cp.async pipeline, warp and thread tiles, precomputed offsets; "
+               "tma=True: the sm_90 TMA kernel for channels-last data")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         return gemm.heuristic(spec, image_vector_ok(spec))

@@ -191,8 +191,8 @@ convgen_implicit_gemm_tma_7f566f991a(const __grid_constant__ convgen_tensor_map 
 #pragma unroll
                         for (int jj = 0; jj < 8; ++jj) {
                             const int j = i % 2 ? 7 - jj : jj;
-                            const float4 pair = b[q][j / 4];
-                            const float b_value = j % 4 == 0 ? pair.x : j % 4 == 1 ? pair.y : j % 4 == 2 ? pair.z : pair.w;
+                            const float4 group = b[q][j / 4];
+                            const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;
                             acc[i][j] = fmaf(a_value, b_value, acc[i][j]);
                         }
                     }
