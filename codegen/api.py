@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegen.compile import CompiledKernel, compile_source, device_arch, resolve_arch
+from codegen.compile import CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
 from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, KernelPlan
 from codegen.render import KernelSource, render_kernels
@@ -169,7 +169,7 @@ class Kernel:
 
 def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
     """Refuse a target older than the plan's instructions need (TMA: sm_90) before compiling."""
-    if kernel_plan.min_arch and int("".join(ch for ch in arch[3:] if ch.isdigit())) < kernel_plan.min_arch:
+    if kernel_plan.min_arch and compute_capability(arch) < kernel_plan.min_arch:
         raise SpecError("arch", arch, f"{kernel_plan.family} variant {kernel_plan.variant} uses "
                         f"sm_{kernel_plan.min_arch} instructions; build it for sm_{kernel_plan.min_arch} or newer")
 

@@ -100,6 +100,11 @@ def resolve_arch(arch: str | None) -> str:
     return arch
 
 
+def compute_capability(arch: str) -> int:
+    """The compute capability of a resolved architecture as one number: 90 for sm_90 and sm_90a."""
+    return int("".join(ch for ch in arch[3:] if ch.isdigit()))
+
+
 def options_for(arch: str) -> tuple[str, ...]:
     return (f"-arch={arch}", *BASE_OPTIONS)
 

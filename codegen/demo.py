@@ -37,9 +37,9 @@ def cases() -> list[tuple[str, str, ConvSpec, dict | None]]:
 
 def _has_tma() -> bool:
     """The TMA kernels need sm_90: the device's, or the sm_90 that a machine without a GPU compiles for."""
-    from codegen.compile import resolve_arch
+    from codegen.compile import compute_capability, resolve_arch
 
-    return int("".join(ch for ch in resolve_arch(None)[3:] if ch.isdigit())) >= 90
+    return compute_capability(resolve_arch(None)) >= 90
 
 
 def _heuristic(family: str, spec: ConvSpec) -> dict:
