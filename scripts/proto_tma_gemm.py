@@ -20,14 +20,15 @@ Usage (repo root, sm_90 GPU, PyTorch for the peers and the float64 check):
     CONFIGS=128x128x4t,256x64x4t PYTHONPATH=$PWD python3 scripts/proto_tma_gemm.py checks conv8 conv4
     CONFIGS=128x128x4t ncu ... python3 scripts/proto_tma_gemm.py profile conv8   # one launch, for ncu
 """
-import ctypes
 import math
 import os
 import sys
 
-import numpy as np
-
+from codegen import index
 from codegen import tma as package_tma
+from codegen.families.base import TensorMap
+from codegen.index import IndexAlgebra
+from codegen.spec import ConvSpec
 
 BK = 32
 HELPERS = ('{% import "common/async_copy.cu.j2" as copy_helpers %}'
@@ -241,39 +242,30 @@ def out_size(g):
     return tuple((i + 2 * p - d * (f - 1) - 1) // s + 1 for i, p, d, f, s in zip(g["size"], g["pad"], g["dil"], g["f"], g["stride"]))
 
 
+def spec_of(g, channels_last=True):
+    three = len(g["size"]) == 3
+    layout = ("NDHWC" if three else "NHWC") if channels_last else ("NCDHW" if three else "NCHW")
+    return ConvSpec(dims=len(g["size"]), layout=layout, n=g["n"], c=g["c"], k=g["k"], input_size=g["size"],
+                    filter_size=g["f"], stride=g["stride"], padding=g["pad"], dilation=g["dil"])
+
+
 def encode_im2col(ptr, g, bm):
-    dims3 = len(g["size"]) == 3
-    rank = 5 if dims3 else 4
-    spatial = g["size"][::-1]                       # W, H(, D)
-    dims = (g["c"], *spatial, g["n"])
-    strides, step = [], 4 * g["c"]
-    for size in (1, *spatial):
-        step = step if size == 1 else step * size
-        strides.append(step)
-    strides = strides[: rank - 1]
-    pads, fil, dil, st = g["pad"][::-1], g["f"][::-1], g["dil"][::-1], g["stride"][::-1]
-    lower = [-p for p in pads]
-    upper = [p - d * (f - 1) for p, d, f in zip(pads, dil, fil)]
-    out = (ctypes.c_ubyte * 128)()
-    status = package_tma._driver().cuTensorMapEncodeIm2col(
-        ctypes.byref(out), 7, rank, ctypes.c_void_p(ptr), (ctypes.c_uint64 * rank)(*dims),
-        (ctypes.c_uint64 * (rank - 1))(*strides), (ctypes.c_int * (rank - 2))(*lower), (ctypes.c_int * (rank - 2))(*upper),
-        BK, bm, (ctypes.c_uint32 * rank)(1, *st, 1), 0, 3, 2, 0)
-    assert status == 0, f"im2col encode failed: {status} dims {dims} strides {strides} lower {lower} upper {upper}"
-    return np.frombuffer(bytes(out), dtype=package_tma.TENSOR_MAP_TYPE)[0]
+    """The package's im2col map of the image (``index.im2col_map_terms``), BK channels of bm pixels."""
+    terms = index.im2col_map_terms(IndexAlgebra(spec_of(g)))
+    return package_tma.encode(TensorMap("x", terms["dims"], terms["strides"], (BK, bm), swizzle=128,
+                                        corners=(terms["lower"], terms["upper"]),
+                                        element_strides=terms["element_strides"]), ptr)
 
 
 def encode_filter(ptr, g, bn, transposed=False):
+    """The filter as C x taps x K boxes of BK x 1 x bn under the 128-byte swizzle, or transposed to
+    taps x C x K (``index.transposed_filter_terms``) in boxes of bn x BK x 1."""
+    if transposed:
+        terms = index.transposed_filter_terms(IndexAlgebra(spec_of(g)))
+        return package_tma.encode(TensorMap("wt", terms["dims"], terms["byte_strides"], (bn, BK, 1)), ptr)
     taps = math.prod(g["f"])
-    dims, strides, box = (g["c"], taps, g["k"]), (4 * g["c"], 4 * g["c"] * taps), (BK, 1, bn)
-    if transposed:     # taps x C x K, K innermost
-        dims, strides, box = (g["k"], g["c"], taps), (4 * g["k"], 4 * g["k"] * g["c"]), (bn, BK, 1)
-    out = (ctypes.c_ubyte * 128)()
-    status = package_tma._driver().cuTensorMapEncodeTiled(
-        ctypes.byref(out), 7, 3, ctypes.c_void_p(ptr), (ctypes.c_uint64 * 3)(*dims), (ctypes.c_uint64 * 2)(*strides),
-        (ctypes.c_uint32 * 3)(*box), (ctypes.c_uint32 * 3)(1, 1, 1), 0, 0 if transposed else 3, 2, 0)
-    assert status == 0, f"tiled encode failed: {status}"
-    return np.frombuffer(bytes(out), dtype=package_tma.TENSOR_MAP_TYPE)[0]
+    return package_tma.encode(TensorMap("w", (g["c"], taps, g["k"]), (4 * g["c"], 4 * g["c"] * taps), (BK, 1, bn),
+                                        swizzle=128), ptr)
 
 
 def helpers():
@@ -372,7 +364,6 @@ def bench(name, g, configs):
 
     from codegen.api import build as package_build
     from codegen.bench import median_seconds
-    from codegen.spec import ConvSpec
 
     x = cupy.random.uniform(-1, 1, (g["n"], *g["size"], g["c"]), dtype=cupy.float32)
     w = cupy.random.uniform(-1, 1, (g["k"], *g["f"], g["c"]), dtype=cupy.float32)
@@ -393,15 +384,10 @@ def bench(name, g, configs):
 
     record("cuDNN NHWC", cudnn_nhwc)
     record("cuDNN NCHW", cudnn_nchw)
-    layout = "NDHWC" if three else "NHWC"
-    spec = ConvSpec(dims=len(osz), layout=layout, n=g["n"], c=g["c"], k=g["k"], input_size=g["size"], filter_size=g["f"],
-                    stride=g["stride"], padding=g["pad"], dilation=g["dil"])
-    ours = package_build("implicit_gemm", spec)
+    ours = package_build("implicit_gemm", spec_of(g))
     yp = cupy.empty((g["n"], *osz, g["k"]), dtype=cupy.float32)
     record("package NHWC", lambda: ours.launch([x, w], yp))
-    spec_first = ConvSpec(dims=len(osz), layout="NCDHW" if three else "NCHW", n=g["n"], c=g["c"], k=g["k"],
-                          input_size=g["size"], filter_size=g["f"], stride=g["stride"], padding=g["pad"], dilation=g["dil"])
-    first = package_build("implicit_gemm", spec_first)
+    first = package_build("implicit_gemm", spec_of(g, channels_last=False))
     yf = cupy.empty(first.plan.output.shape, dtype=cupy.float32)
     xf, wf = cupy.asarray(xc), cupy.asarray(wc)
     record("package NCHW", lambda: first.launch([xf, wf], yf))
