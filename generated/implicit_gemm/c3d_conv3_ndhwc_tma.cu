@@ -246,7 +246,8 @@ static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap&
 }
 
 static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                      const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle)
+                                      const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+                                      CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -254,9 +255,8 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
     static encode_fn encode = nullptr;
     const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
     if (found != cudaSuccess) return found;
-    const cuuint32_t unit_strides[5] = {1, 1, 1, 1, 1};
     CUtensorMap encoded;
-    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, unit_strides,
+    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, element_strides,
                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
@@ -292,9 +292,9 @@ extern "C" cudaError_t convgen_implicit_gemm_c3d_conv3_ndhwc_tma(const float* x,
     {
         const cuuint64_t dims[] = {128, 28, 28, 8, 8};
         const cuuint64_t strides[] = {512, 14336, 401408, 3211264};
+        const cuuint32_t element_strides[] = {1, 1, 1, 1, 1};
         const int lower[] = {-1, -1, -1};
         const int upper[] = {-1, -1, -1};
-        const cuuint32_t element_strides[] = {1, 1, 1, 1, 1};
         const cudaError_t encoded = convgen_encode_im2col_map(&x_map, x, 5, dims, strides, lower,
                                                               upper, 32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
         if (encoded != cudaSuccess) return encoded;
@@ -303,9 +303,10 @@ extern "C" cudaError_t convgen_implicit_gemm_c3d_conv3_ndhwc_tma(const float* x,
     {
         const cuuint64_t dims[] = {256, 128, 27};
         const cuuint64_t strides[] = {1024, 131072};
+        const cuuint32_t element_strides[] = {1, 1, 1};
         const cuuint32_t box[] = {128, 32, 1};
         const cudaError_t encoded = convgen_encode_map(&wt_map, wt, 3, dims, strides, box,
-                                                       CU_TENSOR_MAP_SWIZZLE_NONE);
+                                                       element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_04a7027955, cudaFuncAttributeMaxDynamicSharedMemorySize, 197728);

@@ -245,7 +245,8 @@ static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap&
 }
 
 static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                      const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle)
+                                      const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+                                      CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -253,9 +254,8 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
     static encode_fn encode = nullptr;
     const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
     if (found != cudaSuccess) return found;
-    const cuuint32_t unit_strides[5] = {1, 1, 1, 1, 1};
     CUtensorMap encoded;
-    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, unit_strides,
+    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, element_strides,
                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
@@ -291,9 +291,9 @@ extern "C" cudaError_t convgen_implicit_gemm_conv5_nhwc_tma(const float* x, cons
     {
         const cuuint64_t dims[] = {96, 24, 24, 128};
         const cuuint64_t strides[] = {384, 9216, 221184};
+        const cuuint32_t element_strides[] = {1, 1, 1, 1};
         const int lower[] = {0, 0};
         const int upper[] = {-4, -4};
-        const cuuint32_t element_strides[] = {1, 1, 1, 1};
         const cudaError_t encoded = convgen_encode_im2col_map(&x_map, x, 4, dims, strides, lower,
                                                               upper, 32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
         if (encoded != cudaSuccess) return encoded;
@@ -302,9 +302,10 @@ extern "C" cudaError_t convgen_implicit_gemm_conv5_nhwc_tma(const float* x, cons
     {
         const cuuint64_t dims[] = {256, 96, 25};
         const cuuint64_t strides[] = {1024, 98304};
+        const cuuint32_t element_strides[] = {1, 1, 1};
         const cuuint32_t box[] = {128, 32, 1};
         const cudaError_t encoded = convgen_encode_map(&wt_map, wt, 3, dims, strides, box,
-                                                       CU_TENSOR_MAP_SWIZZLE_NONE);
+                                                       element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_3d1d02b670, cudaFuncAttributeMaxDynamicSharedMemorySize, 197728);
