@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ examples:
   convgen compile col2im --tile algorithm=scatter --arch sm_90
   convgen run im2col --dims 3 --layout NDHWC --input 8 16 16 --filter 3 3 3 --stride 2
   convgen fuzz col2im --examples 300
+  convgen fuzz implicit_gemm --tile tma=true --layout NHWC --examples 50
   convgen bench im2col --layouts NCHW NHWC --out bench-out
   convgen bench conv --layouts NHWC NDHWC --layers conv4 conv8 c3d_conv2
   convgen cache info
@@ -170,27 +172,54 @@ def cmd_run(args) -> int:
     return 0 if mismatch is None else 1
 
 
+def pins_from_args(args) -> dict:
+    """The spec fields given on the command line, which a fuzz search keeps while it varies the rest."""
+    if args.spec:
+        raise Fail("fuzz draws its specs, so it takes no --spec file: pin the fields to keep with the spec flags "
+                   "(e.g. --layout NHWC --c 64 --stride 1), or check one spec with 'convgen run --spec FILE'")
+    flags = {"dims": args.dims, "layout": args.layout.upper() if args.layout else None, "n": args.n, "c": args.c,
+             "k": args.k, "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
+             "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
+             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def cmd_fuzz(args) -> int:
     from codegen.api import has_gpu
-    from codegen.fuzz import fuzz, spec_command
+    from codegen.fuzz import check_pins, fuzz, spec_command
 
     on_gpu = has_gpu()
     tiles = tiles_from_args(args)
-    what = "kernels on the GPU" if on_gpu else "index maps on the CPU (no GPU visible)"
-    print(f"fuzzing {args.family}: {args.examples} examples, checking the {what}", flush=True)
+    pinned = pins_from_args(args)
+    check_pins(pinned)
+    what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
+    kept = ", ".join(f"{k}={v}" for k, v in pinned.items()) or "none"
+    chosen = " (tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items()) + ")" if tiles else ""
+    print(f"fuzzing {args.family}{chosen}: {args.examples} examples, checking the {what}; fields kept: {kept}",
+          flush=True)
     start = time.perf_counter()
 
-    def progress(count, spec):
-        if sys.stderr.isatty() or count % 25 == 0:
-            print(f"\r  {count} specs tried, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)
+    def progress(checked, refused):
+        if sys.stderr.isatty() or (checked + refused) % 25 == 0:
+            print(f"\r  {checked} specs checked, {refused} refused, {time.perf_counter() - start:.0f} s", end="",
+                  file=sys.stderr, flush=True)
 
-    found = fuzz(args.family, args.examples, on_gpu, tiles, args.seed, progress)
+    report = fuzz(args.family, args.examples, on_gpu, tiles, args.seed, progress, pinned)
     print(file=sys.stderr)
-    if found is None:
-        print(f"no failing spec in {args.examples} examples")
+    if report.refused:
+        print(f"refused by the kernel's checks (not counted as examples): {sum(report.refused.values())} drawn "
+              f"specs, commonest: {report.refusal_summary()}")
+    if report.failure is None:
+        if report.checked == 0:
+            raise Fail(f"no spec was checked: {args.family} refused every spec drawn; pin the fields its "
+                       f"refusals name (spec flags such as --layout, --stride, --dpitch) or change --tile")
+        short = f" (only {report.checked}: the rest were refused)" if report.checked < args.examples else ""
+        print(f"no failing spec in {report.checked} checked{short}; seed {report.seed} repeats this search")
         return 0
-    spec, mismatch = found
-    print(f"FAIL on the smallest spec found: {spec.describe()}\n  {mismatch}\nreproduce with:\n  {spec_command(args.family, spec, tiles)}")
+    spec, mismatch = report.failure
+    how = "the smallest spec found" if report.shrunk else "the spec that raised it (not shrunk: the device may be lost)"
+    print(f"FAIL on {how}: {spec.describe()}\n  {mismatch}\nreproduce with:\n  {spec_command(args.family, spec, tiles)}"
+          f"\n(seed {report.seed} repeats this search)")
     return 1
 
 
@@ -348,7 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
     family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)
     fuzz_cmd = family_command("fuzz", "search random specs for one where the kernel is wrong; print the "
                               "smallest as a command", cmd_fuzz)
-    fuzz_cmd.add_argument("--examples", type=int, default=100, help="specs to try (default 100)")
+    fuzz_cmd.description = textwrap.fill(
+        "Search random small specs for one where the kernel is wrong and shrink it to the smallest (Hypothesis). "
+        "With a GPU each spec's kernel runs on NaN-poisoned outputs against the float64 reference; without one "
+        "the family plans and renders each spec and its index algebra is checked against the reference (the TMA "
+        "implicit GEMM's tensor maps included). Spec flags given here are kept in every spec and the other fields "
+        "vary (--layout NHWC --stride 1 searches channels-last, stride-1 specs; their defaults do not apply); "
+        "specs the kernel refuses for its tiles are counted apart, with their reasons, and do not count as "
+        "examples.", 100)
+    fuzz_cmd.add_argument("--examples", type=int, default=100, help="specs to check (default 100)")
     fuzz_cmd.add_argument("--seed", type=int, help="random seed, for a repeatable search")
 
     bench_cmd = sub.add_parser("bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)")

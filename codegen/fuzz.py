@@ -6,6 +6,8 @@ the smallest spec that still fails, which is what a bug report needs.
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,41 +18,88 @@ from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec, Layout, SpecError
 
 
+PINNABLE = ("dims", "layout", "n", "c", "k", "input_size", "filter_size", "stride", "padding", "dilation", "dpitch",
+            "dtype")
+
+
 @st.composite
 def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = None, max_size: int = 12,
           max_channels: int = 9, vector_pitch: bool | None = None, max_elements: int = 1 << 18,
-          max_k: int = 4, max_filter: int | None = None, min_k: int = 1) -> ConvSpec:
+          max_k: int = 4, max_filter: int | None = None, min_k: int = 1, pinned: dict | None = None) -> ConvSpec:
     """Valid small specs: sizes of 1, padding, dilation, strides larger than the filter, odd pitches.
 
     ``vector_pitch=True`` draws channels-last specs whose pitch is a multiple of 4 (the DECX kernels);
-    False draws pitches that are not; None either."""
-    dims = dims or draw(st.sampled_from((2, 3)))
+    False draws pitches that are not; None either.  ``pinned`` holds fields (of ``PINNABLE``; per-
+    dimension ones as one value or one per dimension) that every spec keeps while the rest vary;
+    pinned sizes lift the cap on elements, since the user asked for them."""
+    pinned = pinned or {}
+    if "layout" in pinned:
+        layouts = (Layout(pinned["layout"]),)
+    dims = dims or pin_dims(pinned) or draw(st.sampled_from((2, 3)))
     allowed = [l for l in (layouts or tuple(Layout)) if l.dims == dims]
-    if vector_pitch is not None:
+    if vector_pitch is not None or "dpitch" in pinned:
         allowed = [l for l in allowed if l.channels_last]
     layout = draw(st.sampled_from(allowed))
+
+    def per_dim(name: str, values: st.SearchStrategy) -> tuple[int, ...]:
+        if name in pinned:
+            value = pinned[name]
+            return tuple(value) if isinstance(value, (tuple, list)) else (value,) * dims
+        return tuple(draw(values) for _ in range(dims))
+
+    def one(name: str, values: st.SearchStrategy):
+        return pinned[name] if name in pinned else draw(values)
+
     size_cap = max_size if dims == 2 else max(4, max_size // 2)
-    sizes = tuple(draw(st.integers(1, size_cap)) for _ in range(dims))
-    filters = tuple(draw(st.integers(1, max_filter or (4 if dims == 3 else 5))) for _ in range(dims))
-    dilation = tuple(draw(st.integers(1, 3)) for _ in range(dims))
-    padding = tuple(draw(st.integers(0, 3)) for _ in range(dims))
-    stride = tuple(draw(st.integers(1, 4)) for _ in range(dims))
-    c = draw(st.integers(1, max_channels))
-    dpitch = None
-    if layout.channels_last:
+    sizes = per_dim("input_size", st.integers(1, size_cap))
+    filters = per_dim("filter_size", st.integers(1, max_filter or (4 if dims == 3 else 5)))
+    dilation = per_dim("dilation", st.integers(1, 3))
+    padding = per_dim("padding", st.integers(0, 3))
+    stride = per_dim("stride", st.integers(1, 4))
+    c = one("c", st.integers(1, min(max_channels, pinned.get("dpitch") or max_channels)))
+    dpitch = pinned.get("dpitch")
+    if layout.channels_last and "dpitch" not in pinned:
         if vector_pitch is True:
             dpitch = draw(st.sampled_from((4, 8, 12, 16, 20, 24, 36)).filter(lambda p: p >= c) if c <= 36 else st.just(-(-c // 4) * 4))
         elif vector_pitch is False:
             dpitch = draw(st.integers(c, c + 3).filter(lambda p: p % 4 != 0))
         else:
             dpitch = draw(st.one_of(st.none(), st.integers(c, c + 5)))
-    n = draw(st.integers(1, 3))
+    n = one("n", st.integers(1, 3))
     assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
-    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=draw(st.integers(min_k, max_k)), input_size=sizes,
-                    filter_size=filters, stride=stride, padding=padding, dilation=dilation, dpitch=dpitch)
+    spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=one("k", st.integers(min_k, max_k)), input_size=sizes,
+                    filter_size=filters, stride=stride, padding=padding, dilation=dilation, dpitch=dpitch,
+                    dtype=pinned.get("dtype", "float32"))
     alg = IndexAlgebra(spec)
-    assume(alg.rows * alg.cols <= max_elements and alg.image_elements <= max_elements)
+    if "input_size" not in pinned:
+        assume(alg.rows * alg.cols <= max_elements and alg.image_elements <= max_elements)
     return spec
+
+
+def check_pins(pinned: dict) -> None:
+    """Refuse pins no spec can hold, naming the field, before a search that could never start:
+    an unknown field, or one ConvSpec refuses with the other fields at their mildest (unit filter,
+    stride and dilation, no padding, a large input)."""
+    unknown = sorted(set(pinned) - set(PINNABLE))
+    if unknown:
+        raise SpecError(unknown[0], pinned[unknown[0]], f"cannot be pinned; pinnable fields: {', '.join(PINNABLE)}")
+    dims = pin_dims(pinned) or 2
+    mildest = {"dims": dims, "layout": "NHWC" if dims == 2 else "NDHWC", "n": 1, "c": 1, "k": 1, "input_size": 64,
+               "filter_size": 1, "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32"}
+    ConvSpec.from_dict({**mildest, **pinned})
+
+
+def pin_dims(pinned: dict) -> int | None:
+    """The spatial dimensions the pins imply: the layout's, the dims pin, or a per-dimension pin's length."""
+    if "layout" in pinned:
+        try:
+            return Layout(pinned["layout"]).dims
+        except ValueError:
+            raise SpecError("layout", pinned["layout"], f"must be one of {', '.join(l.value for l in Layout)}") from None
+    if "dims" in pinned:
+        return pinned["dims"]
+    lengths = {len(v) for k, v in pinned.items() if isinstance(v, (tuple, list))}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 @st.composite
@@ -167,9 +216,28 @@ def check_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mism
     return compare(result, expected)
 
 
+def check_on_cpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mismatch | None:
+    """What a run without a GPU checks of one spec: the family plans it with ``tiles`` (a SpecError
+    is a refusal, not a failure), the plan renders, and the plan's index algebra gives the
+    reference's numbers: the TMA implicit GEMM's through ``maps.tma_gemm_by_terms`` (tensor maps,
+    producer coordinates, transposed filter), every other kernel's through its sympy index maps."""
+    from codegen.api import plan
+    from codegen.families import get_family
+    from codegen.maps import tma_gemm_by_terms
+    from codegen.render import render_kernels
+
+    kernel_plan = plan(family, spec, tiles)
+    render_kernels(kernel_plan)
+    if family == "implicit_gemm" and kernel_plan.tiles.tma:
+        fam = get_family(family)
+        x, w = fam.make_inputs(spec, np.random.default_rng(seed))
+        return compare(tma_gemm_by_terms(spec, kernel_plan.tiles, x, w), fam.reference(spec, x, w))
+    return check_index_maps(family, spec, seed)
+
+
 def check_index_maps(family: str, spec: ConvSpec, seed: int = 0) -> Mismatch | None:
     """CPU check: evaluate the sympy index maps with numpy over every output element and compare
-    with the family's reference (what a GPU-less fuzz run can check)."""
+    with the family's reference."""
     from codegen.families import get_family
     from codegen.maps import evaluate
 
@@ -194,36 +262,81 @@ def spec_command(family: str, spec: ConvSpec, tiles=None) -> str:
     return " ".join(parts)
 
 
-def fuzz(family: str, examples: int, on_gpu: bool, tiles=None, seed: int | None = None,
-         progress=None) -> tuple[ConvSpec, Mismatch] | None:
-    """Search for a spec on which ``family`` is wrong; returns the shrunk (spec, mismatch) or None."""
-    from hypothesis import HealthCheck, Phase, find, settings
-    from hypothesis.errors import NoSuchExample
+class DeviceFault(Exception):
+    """A CUDA error during a check: the context may be lost, so the search stops at this spec."""
 
-    check = check_on_gpu if on_gpu else check_index_maps
-    tried = [0]
+    def __init__(self, spec: ConvSpec, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.spec = spec
+
+
+@dataclass
+class FuzzReport:
+    """What a search did: specs checked (shrinking included), drawn specs the kernel refused by
+    reason (the refusal's field and its words before the first parenthesis, which hold this
+    spec's values), the seed that repeats it, and the smallest failing spec found (``shrunk``
+    False when a device fault stopped the search at the spec that raised it)."""
+
+    checked: int
+    refused: Counter
+    seed: int
+    failure: tuple[ConvSpec, Mismatch] | None = None
+    shrunk: bool = True
+
+    def refusal_summary(self, most: int = 3) -> str:
+        """The commonest refusals, e.g. '310 x layout: ... ; 12 x dpitch: ...'."""
+        return "; ".join(f"{count} x {reason}" for reason, count in self.refused.most_common(most))
+
+
+def _is_device_fault(error: Exception) -> bool:
+    return type(error).__name__ in ("CUDADriverError", "CUDARuntimeError")
+
+
+def fuzz(family: str, examples: int, on_gpu: bool, tiles=None, seed: int | None = None, progress=None,
+         pinned: dict | None = None) -> FuzzReport:
+    """Search for a spec on which ``family`` (with ``tiles``) is wrong, among specs keeping the
+    ``pinned`` fields, and shrink it.  A spec the kernel refuses (SpecError) does not count towards
+    ``examples``; any other exception is a failure, as in a property test.  ``progress(checked,
+    refused)`` is called after every spec."""
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+    pinned = pinned or {}
+    check_pins(pinned)
+    seed = random.randrange(2**32) if seed is None else seed
+    report = FuzzReport(checked=0, refused=Counter(), seed=seed)
+
+    def attempt(spec: ConvSpec) -> Mismatch | None:
+        try:
+            return check_on_gpu(family, spec, tiles) if on_gpu else check_on_cpu(family, spec, tiles)
+        except SpecError:
+            raise
+        except Exception as error:
+            if on_gpu and _is_device_fault(error):
+                raise DeviceFault(spec, error) from error
+            return Mismatch(f"raised {type(error).__name__}: {error}")
 
     def wrong(spec: ConvSpec) -> bool:
-        tried[0] += 1
-        if progress:
-            progress(tried[0], spec)
+        mismatch, refused = None, False
         try:
-            return (check(family, spec, tiles) if on_gpu else check(family, spec)) is not None
-        except SpecError:
-            return False
+            mismatch = attempt(spec)
+            report.checked += 1
+        except SpecError as error:
+            report.refused[f"{error.field}: {error.allowed.split('(')[0].strip(' ,;:')}"] += 1
+            refused = True
+        if progress:
+            progress(report.checked, sum(report.refused.values()))
+        assume(not refused)
+        return mismatch is not None
 
     kwargs = {"database": None, "max_examples": examples, "deadline": None,
               "suppress_health_check": list(HealthCheck),
               "phases": [Phase.generate, Phase.shrink]}
     try:
-        found = find(specs(), wrong, settings=settings(**kwargs), random=_random(seed))
-    except NoSuchExample:
-        return None
-    mismatch = check(family, found, tiles) if on_gpu else check(family, found)
-    return found, mismatch or Mismatch("fails intermittently (a race?)")
-
-
-def _random(seed: int | None):
-    import random
-
-    return random.Random(seed) if seed is not None else None
+        found = find(specs(pinned=pinned), wrong, settings=settings(**kwargs), random=random.Random(seed))
+        report.failure = (found, attempt(found) or Mismatch("fails intermittently (a race?)"))
+    except (NoSuchExample, Unsatisfiable):
+        pass
+    except DeviceFault as fault:
+        report.failure, report.shrunk = (fault.spec, Mismatch(f"device fault, {fault}")), False
+    return report

@@ -84,7 +84,7 @@ def test_fuzz_without_gpu_checks_the_index_maps(capsys):
         pytest.skip("a GPU is present: fuzz checks kernels")
     assert main(["fuzz", "col2im", "--examples", "15", "--seed", "1"]) == 0
     out = capsys.readouterr().out
-    assert "index maps on the CPU" in out and "no failing spec in 15 examples" in out
+    assert "index maps on the CPU" in out and "no failing spec in 15 checked; seed 1" in out
 
 
 def test_fuzz_reports_the_smallest_failing_spec_as_a_command(monkeypatch, capsys):
@@ -95,14 +95,119 @@ def test_fuzz_reports_the_smallest_failing_spec_as_a_command(monkeypatch, capsys
         return fuzz.Mismatch("planted") if spec.input_size[-1] > 2 else None
 
     monkeypatch.setattr(fuzz, "check_index_maps", planted)
-    found = fuzz.fuzz("im2col", 200, on_gpu=False, seed=3)
-    assert found is not None
-    spec, mismatch = found
+    report = fuzz.fuzz("im2col", 200, on_gpu=False, seed=3)
+    assert report.failure is not None and report.shrunk
+    spec, mismatch = report.failure
     assert spec.input_size[-1] == 3 and spec.n == 1 and spec.c == 1
     command = fuzz.spec_command("im2col", spec)
     assert command.startswith("convgen run im2col --dims")
     result = run(*command.split()[1:2], *command.split()[2:], "--help")
     assert result.returncode == 0
+
+
+def _record_checked(monkeypatch) -> list:
+    from codegen import fuzz
+
+    seen = []
+    monkeypatch.setattr(fuzz, "check_index_maps", lambda family, spec, seed=0: seen.append(spec))
+    return seen
+
+
+def test_fuzz_keeps_the_spec_flags_given_and_varies_the_rest(monkeypatch, capsys):
+    seen = _record_checked(monkeypatch)
+    assert main(["fuzz", "im2col", "--layout", "nchw", "--c", "5", "--stride", "2", "1", "--examples", "30",
+                 "--seed", "4"]) == 0
+    assert len(seen) == 30
+    assert {(s.layout.value, s.c, s.stride) for s in seen} == {("NCHW", 5, (2, 1))}
+    assert len({s.input_size for s in seen}) > 5 and len({s.filter_size for s in seen}) > 3
+    assert "fields kept: layout=NCHW, c=5, stride=(2, 1)" in capsys.readouterr().out
+
+
+def test_fuzz_with_one_seed_checks_the_same_specs_again(monkeypatch):
+    from codegen import fuzz
+
+    seen = _record_checked(monkeypatch)
+    fuzz.fuzz("im2col", 12, on_gpu=False, seed=9)
+    first = list(seen)
+    seen.clear()
+    assert fuzz.fuzz("im2col", 12, on_gpu=False, seed=9).seed == 9
+    assert seen == first
+
+
+def test_fuzz_counts_refused_specs_apart_and_checks_the_tma_plan_on_the_cpu(capsys):
+    """tma=True refuses channels-first layouts and pitches that are not multiples of 4: those draws
+    are reported with their reasons and do not count, and the specs checked run the TMA plan model."""
+    from codegen import fuzz
+
+    report = fuzz.fuzz("implicit_gemm", 8, on_gpu=False, tiles={"tma": True}, seed=5)
+    assert report.failure is None and report.checked == 8
+    assert any(reason.startswith("tiles.tma: needs a channels-last layout") for reason in report.refused)
+    assert "x tiles.tma" in report.refusal_summary() or "x dpitch" in report.refusal_summary()
+
+
+def test_fuzz_finds_a_planted_error_in_the_tma_plan_without_a_gpu(monkeypatch):
+    """The CPU check of tma=True goes through maps.tma_gemm_by_terms: an error planted there (the
+    last output channel wrong from K = 3 on) is found and shrunk to K = 3."""
+    from codegen import fuzz, maps
+
+    honest = maps.tma_gemm_by_terms
+
+    def planted(spec, tiles, x, w):
+        y = honest(spec, tiles, x, w)
+        if spec.k >= 3:
+            y[..., -1] += 1.0
+        return y
+
+    monkeypatch.setattr(maps, "tma_gemm_by_terms", planted)
+    report = fuzz.fuzz("implicit_gemm", 40, on_gpu=False, tiles={"tma": True}, seed=6, pinned={"layout": "NHWC"})
+    spec, mismatch = report.failure
+    assert spec.k == 3 and spec.layout.value == "NHWC" and "wrong value" in str(mismatch)
+
+
+def test_fuzz_takes_any_other_exception_as_a_failure_and_shrinks_it(monkeypatch):
+    from codegen import fuzz, render
+
+    honest = render.render_kernels
+
+    def crashes_on_wide(kernel_plan):
+        if kernel_plan.spec.input_size[-1] > 3:
+            raise RuntimeError("planted renderer bug")
+        return honest(kernel_plan)
+
+    monkeypatch.setattr(render, "render_kernels", crashes_on_wide)
+    report = fuzz.fuzz("im2col", 50, on_gpu=False, seed=7)
+    spec, mismatch = report.failure
+    assert spec.input_size[-1] == 4 and str(mismatch) == "raised RuntimeError: planted renderer bug"
+
+
+def test_fuzz_stops_at_a_device_fault_without_shrinking(monkeypatch):
+    """A CUDA error may leave the context unusable: the search stops at the spec that raised it."""
+    from codegen import fuzz
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def faults(family, spec, tiles=None, seed=0):
+        if spec.c > 1:
+            raise CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+        return None
+
+    monkeypatch.setattr(fuzz, "check_on_gpu", faults)
+    report = fuzz.fuzz("im2col", 50, on_gpu=True, seed=8)
+    spec, mismatch = report.failure
+    assert spec.c > 1 and not report.shrunk and str(mismatch).startswith("device fault, CUDARuntimeError")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tile", "variant=tiled_tma", "--layout", "NHWC"], "no spec was checked: direct refused every spec drawn"),
+    (["--layout", "NCHW", "--dpitch", "4"], "dpitch=4 is invalid: applies only to channels-last layouts"),
+    (["--layout", "NDHWC", "--dims", "2"], "layout='NDHWC' is invalid: a 2D spec takes"),
+    (["--input", "3", "4", "5", "--filter", "3", "3"], "input_size=(3, 4, 5) is invalid: needs 2 entries"),
+    (["--spec", "spec.json"], "fuzz draws its specs, so it takes no --spec file"),
+])
+def test_fuzz_refuses_what_it_cannot_search(argv, words, capsys):
+    assert main(["fuzz", "direct", "--examples", "5", "--seed", "1", *argv]) == 2
+    assert words in capsys.readouterr().err
 
 
 def test_catalogue_check_passes_on_a_fresh_tree():
