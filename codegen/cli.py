@@ -62,8 +62,11 @@ def _one_or_many(values):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def spec_from_args(args) -> ConvSpec:
+def spec_from_args(args, base: ConvSpec | None = None) -> ConvSpec:
+    """The spec of the flags, over ``base`` (a benchmark layer) or the --spec file, over the defaults."""
     data = dict(DEFAULTS)
+    if base is not None:
+        data.update(base.to_dict())
     if args.spec:
         data.update(ConvSpec.from_json(args.spec).to_dict())
     flags = {"dims": args.dims, "layout": args.layout, "n": args.n, "c": args.c, "k": args.k,
@@ -285,19 +288,7 @@ def cmd_tune(args) -> int:
     if args.tile:
         raise Fail("tune searches the tiles itself; drop --tile")
     _require_gpu("convgen tune")
-    if args.layer:
-        from codegen.bench import layer_spec, load_shapes
-
-        shapes = load_shapes()
-        layers = {l["name"]: l for group in ("conv2d_mec", "conv3d", "filter2d") for l in shapes[group]}
-        if args.layer not in layers:
-            raise SpecError("--layer", args.layer, f"must be one of {', '.join(layers)}")
-        layer = layers[args.layer]
-        dims = 3 if "D" in layer else 2
-        layout = (args.layout or ("NCHW" if dims == 2 else "NCDHW")).upper()
-        spec = layer_spec(layer, layout, layer["N"])
-    else:
-        spec = spec_from_args(args)
+    spec = tune_spec(args)
     result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db)
     print(tune.format_result(result, args.top))
     if result.best is None:
@@ -305,6 +296,25 @@ def cmd_tune(args) -> int:
         return 1
     print(f"recorded in {db.path}")
     return 0
+
+
+def tune_spec(args) -> ConvSpec:
+    """The spec to tune: --layer's from shapes.json (channels-first unless --layout says otherwise),
+    with any other spec flag given overriding the layer's field, as flags override a --spec file."""
+    if not args.layer:
+        return spec_from_args(args)
+    if args.spec:
+        raise Fail("give --layer or --spec, not both")
+    from codegen.bench import layer_spec, load_shapes
+
+    shapes = load_shapes()
+    layers = {l["name"]: l for group in ("conv2d_mec", "conv3d", "filter2d") for l in shapes[group]}
+    if args.layer not in layers:
+        raise SpecError("--layer", args.layer, f"must be one of {', '.join(layers)}")
+    layer = layers[args.layer]
+    dims = 3 if "D" in layer else 2
+    layout = (args.layout or ("NCHW" if dims == 2 else "NCDHW")).upper()
+    return spec_from_args(args, base=layer_spec(layer, layout, layer["N"]))
 
 
 def cmd_cache(args) -> int:
@@ -418,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tune_cmd.add_argument("family", nargs="?", help="implicit_gemm, im2win, im2col_gemm or direct")
     add_spec_flags(tune_cmd)
-    tune_cmd.add_argument("--layer", help="take the spec from shapes.json (e.g. conv4, c3d_conv2); --layout applies")
+    tune_cmd.add_argument("--layer", help="take the spec from shapes.json (e.g. conv4, c3d_conv2); spec flags given "
+                          "as well override its fields (--layout NHWC --dpitch 64, --n 32)")
     tune_cmd.add_argument("--budget", type=float, default=60.0, help="seconds of tuning (default 60)")
     tune_cmd.add_argument("--max-configs", type=int, default=200, help="configurations to try at most (default 200)")
     tune_cmd.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")

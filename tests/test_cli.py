@@ -283,6 +283,22 @@ def test_tune_without_a_gpu_says_so(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_tune_layer_takes_the_other_spec_flags_as_overrides(tmp_path):
+    """--layer used to drop every spec flag but --layout without a word."""
+    from codegen.cli import Fail, build_parser, tune_spec
+
+    def spec_of(*argv):
+        return tune_spec(build_parser().parse_args(["tune", "implicit_gemm", *argv]))
+
+    plain = spec_of("--layer", "c3d_conv2")
+    assert (plain.layout.value, plain.n, plain.c, plain.k, plain.input_size) == ("NCDHW", 8, 64, 128, (16, 56, 56))
+    custom = spec_of("--layer", "conv8", "--layout", "nhwc", "--n", "8", "--dpitch", "68")
+    assert (custom.layout.value, custom.n, custom.c, custom.k, custom.dpitch) == ("NHWC", 8, 64, 128, 68)
+    assert custom.input_size == spec_of("--layer", "conv8").input_size
+    with pytest.raises(Fail, match="--layer or --spec"):
+        spec_of("--layer", "conv8", "--spec", str(tmp_path / "spec.json"))
+
+
 def test_bench_layers_are_checked_before_any_gpu_work():
     from codegen.bench import load_shapes, select_layers
     from codegen.spec import SpecError
