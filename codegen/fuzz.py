@@ -262,6 +262,12 @@ def spec_command(family: str, spec: ConvSpec, tiles=None) -> str:
     return " ".join(parts)
 
 
+GEMM_RANGES = {"max_channels": 40, "max_k": 70, "max_elements": 1 << 16, "max_filter": 5}
+"""Spec ranges a search of the GEMM families draws from: their tiles run over 32-channel slices and
+64-128 output channels, so channel and output-channel tails and several tiles must occur."""
+FAMILY_RANGES = {"implicit_gemm": GEMM_RANGES, "im2win": GEMM_RANGES, "im2col_gemm": GEMM_RANGES}
+
+
 class DeviceFault(Exception):
     """A CUDA error during a check: the context may be lost, so the search stops at this spec."""
 
@@ -333,7 +339,7 @@ def fuzz(family: str, examples: int, on_gpu: bool, tiles=None, seed: int | None 
               "suppress_health_check": list(HealthCheck),
               "phases": [Phase.generate, Phase.shrink]}
     try:
-        found = find(specs(pinned=pinned), wrong, settings=settings(**kwargs), random=random.Random(seed))
+        found = find(specs(pinned=pinned, **FAMILY_RANGES.get(family, {})), wrong, settings=settings(**kwargs), random=random.Random(seed))
         report.failure = (found, attempt(found) or Mismatch("fails intermittently (a race?)"))
     except (NoSuchExample, Unsatisfiable):
         pass
