@@ -742,6 +742,23 @@ def tap_mask_bits(algebra: IndexAlgebra, terms: dict) -> int:
     return 32 if algebra.taps <= 32 else 64
 
 
+def tap_mask_patterns(algebra: IndexAlgebra, terms: dict) -> list[dict]:
+    """The tap mask factored by padded axis, so that a kernel forms it with one range test per
+    filter position of each padded axis instead of one per tap and axis: for checked axis j and
+    filter position v, ``disp`` = v * dilation_j and ``bits`` = the taps whose position on axis j
+    is v.  A pixel's mask is the AND over the checked axes of the OR of the ``bits`` whose
+    ``origin_j + disp`` lies in [0, size_j)."""
+    taps = np.arange(algebra.taps)
+    factors = []
+    for check in terms["a_checked"]:
+        j = check["axis"]
+        position = evaluate(algebra.tap_coords[j], {"kk": taps})
+        factors.append({"axis": j, "size": check["size"], "positions": [
+            {"disp": v * algebra.spec.dilation[j], "bits": int(sum(1 << int(kk) for kk in taps[position == v]))}
+            for v in range(algebra.spec.filter_size[j])]})
+    return factors
+
+
 def row_table(algebra: IndexAlgebra, terms: dict, tap_masks: bool = False) -> list[tuple[int, ...]]:
     """Per column-matrix row, for the precomputed-offset ("precomp") kernels: (delta, disp_j of
     each checked axis), or (delta, tap kk) with ``tap_masks``; evaluated from the same sympy

@@ -151,19 +151,17 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
 
 
 def inside_by_tap_masks(alg: IndexAlgebra, terms: dict, pixel: dict) -> np.ndarray:
-    """(pixel, row) in-image flags as the tap-mask kernels form them: each pixel's mask gets bit
-    kk when tap kk lands inside on every padded axis, each row tests the bit of the tap its
-    table entry names."""
-    kk = np.arange(alg.taps)
-    taps = {f"k{j}": _eval(expr, kk=kk) for j, expr in enumerate(alg.tap_coords)}
-    mask = np.zeros(len(pixel["n"]), dtype=np.uint64)
-    inside_tap = np.ones((len(pixel["n"]), alg.taps), dtype=bool)
-    for check in terms["a_checked"]:
-        j = check["axis"]
-        coordinate = _eval(terms["exprs"]["a_origin"][j], **pixel)[:, None] + taps[f"k{j}"][None, :] * alg.spec.dilation[j]
-        inside_tap &= (coordinate >= 0) & (coordinate < check["size"])
-    for tap in range(alg.taps):
-        mask |= inside_tap[:, tap].astype(np.uint64) << np.uint64(tap)
+    """(pixel, row) in-image flags as the tap-mask kernels form them: each pixel's mask is the AND
+    over the padded axes of the taps whose filter position on that axis lands inside
+    (``index.tap_mask_patterns``), and each row tests the bit of the tap its table entry names."""
+    mask = np.full(len(pixel["n"]), (1 << alg.taps) - 1, dtype=np.uint64)
+    for factor in index.tap_mask_patterns(alg, terms):
+        origin = _eval(terms["exprs"]["a_origin"][factor["axis"]], **pixel)
+        inside = np.zeros_like(mask)
+        for position in factor["positions"]:
+            lands = (origin + position["disp"] >= 0) & (origin + position["disp"] < factor["size"])
+            inside |= np.where(lands, np.uint64(position["bits"]), np.uint64(0))
+        mask &= inside
     row_taps = np.array(index.row_table(alg, terms, tap_masks=True), dtype=np.int64)[:, 1].astype(np.uint64)
     return ((mask[:, None] >> row_taps[None, :]) & np.uint64(1)).astype(bool)
 

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from codegen import index, maps
@@ -208,6 +208,38 @@ def test_tap_masks_agree_with_the_per_axis_bounds_checks(spec):
     masked = maps.inside_by_tap_masks(alg, terms, pixel)
     assert masked.shape == (alg.cols, alg.rows) and 0 < masked.sum() < masked.size
     assert check_index_maps("implicit_gemm", spec, 0) is None
+
+
+def test_tap_mask_factors_name_each_filter_position_of_each_padded_axis():
+    """A 2 x 3 filter, dilation (1, 2), both axes padded: taps run (r, s) with s fastest, so
+    position r = 1 is taps 3-5 and position s = 2 (displacement 4) is taps 2 and 5."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(6, 9), filter_size=(2, 3), padding=1,
+                    dilation=(1, 2))
+    alg = IndexAlgebra(spec)
+    factors = index.tap_mask_patterns(alg, index.gemm_terms(alg, "image"))
+    assert factors == [
+        {"axis": 0, "size": 6, "positions": [{"disp": 0, "bits": 0b000111}, {"disp": 1, "bits": 0b111000}]},
+        {"axis": 1, "size": 9, "positions": [{"disp": 0, "bits": 0b001001}, {"disp": 2, "bits": 0b010010},
+                                             {"disp": 4, "bits": 0b100100}]}]
+
+
+@given(spec=specs(max_size=10, max_filter=5, max_channels=2, max_k=1))
+def test_factored_tap_masks_equal_the_per_tap_bounds_test(spec):
+    """The AND over padded axes of the positions that land inside gives, for every pixel and tap,
+    what testing each tap on each axis gives (taps up to 64, 3D included)."""
+    alg = IndexAlgebra(spec)
+    terms = index.gemm_terms(alg, "image")
+    assume(index.tap_mask_bits(alg, terms))
+    pixel = _pixels(alg)
+    kk = np.arange(alg.taps)
+    inside = np.ones((alg.cols, alg.taps), dtype=bool)
+    for check in terms["a_checked"]:
+        j = check["axis"]
+        origin = index.evaluate(terms["exprs"]["a_origin"][j], pixel)
+        coordinate = origin[:, None] + index.evaluate(alg.tap_coords[j], {"kk": kk})[None, :] * spec.dilation[j]
+        inside &= (coordinate >= 0) & (coordinate < check["size"])
+    row_taps = np.array(index.row_table(alg, terms, tap_masks=True))[:, 1]
+    assert np.array_equal(maps.inside_by_tap_masks(alg, terms, pixel), inside[:, row_taps])
 
 
 @given(spec=specs(max_size=12, max_filter=7), seed=st.integers(0, 2**16))

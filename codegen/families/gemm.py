@@ -410,6 +410,7 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "table_slots": table_slots,
         "table_in_constant": table_in_constant(a_load, table_rows * table_slots * 4),
         "mask_bits": mask_bits,
+        "mask_factors": index.tap_mask_patterns(alg, terms) if mask_bits else [],
         **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
         "row_coords": [index.to_c(e) for e in alg.row_coords],
     }

@@ -310,19 +310,24 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         const idx_t o1 = ((((col) / 56)) % 56);
         const idx_t o2 = ((col) % 56);
         a_base[s] = 3211264*n + 3136*o0 + 56*o1 + o2 - 3193;
+        // Bit kk: filter tap kk of this pixel lands inside the image on every padded axis, formed
+        // axis by axis: the taps at each filter position of the axis that lands inside, ANDed over axes.
         const int origin0 = (int)(o0 - 1);
+        const unsigned inside0 =
+              ((unsigned)(origin0 + 0) < 16u ? 0x1ffu : 0u)
+            | ((unsigned)(origin0 + 1) < 16u ? 0x3fe00u : 0u)
+            | ((unsigned)(origin0 + 2) < 16u ? 0x7fc0000u : 0u);
         const int origin1 = (int)(o1 - 1);
+        const unsigned inside1 =
+              ((unsigned)(origin1 + 0) < 56u ? 0x1c0e07u : 0u)
+            | ((unsigned)(origin1 + 1) < 56u ? 0xe07038u : 0u)
+            | ((unsigned)(origin1 + 2) < 56u ? 0x70381c0u : 0u);
         const int origin2 = (int)(o2 - 1);
-        // Bit kk: filter tap kk of this pixel lands inside the image on every padded axis.
-        a_mask[s] = 0;
-#pragma unroll
-        for (int kk = 0; kk < 27; ++kk) {
-            const idx_t k0 = ((kk) / 9);
-            const idx_t k1 = ((((kk) / 3)) % 3);
-            const idx_t k2 = ((kk) % 3);
-            const bool inside = (unsigned)(origin0 + k0) < 16u && (unsigned)(origin1 + k1) < 56u && (unsigned)(origin2 + k2) < 56u;
-            a_mask[s] |= (unsigned)inside << kk;
-        }
+        const unsigned inside2 =
+              ((unsigned)(origin2 + 0) < 56u ? 0x1249249u : 0u)
+            | ((unsigned)(origin2 + 1) < 56u ? 0x2492492u : 0u)
+            | ((unsigned)(origin2 + 2) < 56u ? 0x4924924u : 0u);
+        a_mask[s] = inside0 & inside1 & inside2;
     }
     // The filter row of this thread's first B slot; slot s is s * 16 rows further.
     const float* const b_row = w + (idx_t)(n_tile + (tid / 16)) * 1728;

@@ -526,19 +526,24 @@ convgen_implicit_gemm_precomp_1f90612cf4(const float* __restrict__ x, const floa
         const idx_t o1 = ((((col) / 28)) % 28);
         const idx_t o2 = ((col) % 28);
         a_base[s] = 802816*n + 100352*o0 + 3584*o1 + 128*o2 - 104064;
+        // Bit kk: filter tap kk of this pixel lands inside the image on every padded axis, formed
+        // axis by axis: the taps at each filter position of the axis that lands inside, ANDed over axes.
         const int origin0 = (int)(o0 - 1);
+        const unsigned inside0 =
+              ((unsigned)(origin0 + 0) < 8u ? 0x1ffu : 0u)
+            | ((unsigned)(origin0 + 1) < 8u ? 0x3fe00u : 0u)
+            | ((unsigned)(origin0 + 2) < 8u ? 0x7fc0000u : 0u);
         const int origin1 = (int)(o1 - 1);
+        const unsigned inside1 =
+              ((unsigned)(origin1 + 0) < 28u ? 0x1c0e07u : 0u)
+            | ((unsigned)(origin1 + 1) < 28u ? 0xe07038u : 0u)
+            | ((unsigned)(origin1 + 2) < 28u ? 0x70381c0u : 0u);
         const int origin2 = (int)(o2 - 1);
-        // Bit kk: filter tap kk of this pixel lands inside the image on every padded axis.
-        a_mask[s] = 0;
-#pragma unroll
-        for (int kk = 0; kk < 27; ++kk) {
-            const idx_t k0 = ((kk) / 9);
-            const idx_t k1 = ((((kk) / 3)) % 3);
-            const idx_t k2 = ((kk) % 3);
-            const bool inside = (unsigned)(origin0 + k0) < 8u && (unsigned)(origin1 + k1) < 28u && (unsigned)(origin2 + k2) < 28u;
-            a_mask[s] |= (unsigned)inside << kk;
-        }
+        const unsigned inside2 =
+              ((unsigned)(origin2 + 0) < 28u ? 0x1249249u : 0u)
+            | ((unsigned)(origin2 + 1) < 28u ? 0x2492492u : 0u)
+            | ((unsigned)(origin2 + 2) < 28u ? 0x4924924u : 0u);
+        a_mask[s] = inside0 & inside1 & inside2;
     }
     // The filter row of this thread's first B slot; slot s is s * 32 rows further.
     const float* const b_row = w + (idx_t)(n_tile + (tid / 4)) * 3456;
