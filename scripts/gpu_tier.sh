@@ -6,8 +6,11 @@
 #   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
 #   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
 #   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
-#   (im2col col2im direct conv conv-last; conv-last is bench conv on NHWC and NDHWC without the
-#   ablation, with the TMA implicit GEMM); BENCH_ARGS are passed to every `convgen bench`; TEST_TIMEOUT is
+#   (im2col col2im direct conv conv-last tune-refresh; conv-last is bench conv on NHWC and NDHWC
+#   without the ablation, with the TMA implicit GEMM; tune-refresh re-times the records of
+#   docs/tuning-h100.json that a template change retired, writes $OUT/tuning-h100.json and leaves
+#   the refreshed database to the benchmarks listed after it); BENCH_ARGS are passed to every
+#   `convgen bench`; TEST_TIMEOUT is
 #   each GPU test's limit in seconds (default 420; the 3D register-switch test needs about 450 at
 #   300 examples: NVRTC compiles every example).
 set -u
@@ -57,6 +60,12 @@ if [ "$mode" = full ] || [ "$mode" = bench ]; then
 fi
 if [ "$mode" != tests ]; then
     for bench in $benches; do
+        if [ "$bench" = tune-refresh ]; then
+            export CONVGEN_TUNING_DB="$logs/tuning.json"
+            step "tune --refresh" tune-refresh.log bash -c 'python3 -m codegen tune --import docs/tuning-h100.json \
+                && python3 -m codegen tune --refresh && python3 -m codegen tune --export "$0/tuning-h100.json"' "$out"
+            continue
+        fi
         args=("$bench"); [ "$bench" = conv-last ] && args=(conv --layouts NHWC NDHWC --no-ablation)
         # shellcheck disable=SC2086
         step "bench $bench" "bench-$bench.log" python3 -m codegen bench "${args[@]}" --out "$out" ${BENCH_ARGS:-}
@@ -64,7 +73,7 @@ if [ "$mode" != tests ]; then
 fi
 tar czf "$out/logs.tgz" -C "$logs" .
 [ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
-for f in bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log bench-conv-last.log; do
+for f in tune-refresh.log bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log bench-conv-last.log; do
     [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
 echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"
