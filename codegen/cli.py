@@ -62,6 +62,15 @@ def _one_or_many(values):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def given_fields(args) -> dict:
+    """The spec fields the flags give (those left out are absent), layout in capitals."""
+    flags = {"dims": args.dims, "layout": args.layout.upper() if args.layout else None, "n": args.n, "c": args.c,
+             "k": args.k, "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
+             "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
+             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def spec_from_args(args, base: ConvSpec | None = None) -> ConvSpec:
     """The spec of the flags, over ``base`` (a benchmark layer) or the --spec file, over the defaults."""
     data = dict(DEFAULTS)
@@ -69,11 +78,7 @@ def spec_from_args(args, base: ConvSpec | None = None) -> ConvSpec:
         data.update(base.to_dict())
     if args.spec:
         data.update(ConvSpec.from_json(args.spec).to_dict())
-    flags = {"dims": args.dims, "layout": args.layout, "n": args.n, "c": args.c, "k": args.k,
-             "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
-             "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
-             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
-    data.update({k: v for k, v in flags.items() if v is not None})
+    data.update(given_fields(args))
     dims = data["dims"]
     data.setdefault("layout", None)
     if data.get("layout") is None:
@@ -175,25 +180,16 @@ def cmd_run(args) -> int:
     return 0 if mismatch is None else 1
 
 
-def pins_from_args(args) -> dict:
-    """The spec fields given on the command line, which a fuzz search keeps while it varies the rest."""
-    if args.spec:
-        raise Fail("fuzz draws its specs, so it takes no --spec file: pin the fields to keep with the spec flags "
-                   "(e.g. --layout NHWC --c 64 --stride 1), or check one spec with 'convgen run --spec FILE'")
-    flags = {"dims": args.dims, "layout": args.layout.upper() if args.layout else None, "n": args.n, "c": args.c,
-             "k": args.k, "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
-             "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
-             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
-    return {k: v for k, v in flags.items() if v is not None}
-
-
 def cmd_fuzz(args) -> int:
     from codegen.api import has_gpu
     from codegen.fuzz import check_pins, fuzz, spec_command
 
+    if args.spec:
+        raise Fail("fuzz draws its specs, so it takes no --spec file: pin the fields to keep with the spec flags "
+                   "(e.g. --layout NHWC --c 64 --stride 1), or check one spec with 'convgen run --spec FILE'")
     on_gpu = has_gpu()
     tiles = tiles_from_args(args)
-    pinned = pins_from_args(args)
+    pinned = given_fields(args)
     check_pins(pinned)
     what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
     kept = ", ".join(f"{k}={v}" for k, v in pinned.items()) or "none"
