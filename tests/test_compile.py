@@ -148,6 +148,19 @@ def test_a_64_bit_tap_mask_is_formed_without_spilling(cache_dir):
     assert resources.spill_stores == 0 and resources.stack_bytes == 0 and resources.registers <= 128
 
 
+def test_naive_direct_kernels_test_each_tap_once_and_spill_nothing(cache_dir):
+    """Channels outermost, ptxas hoisted the 16 taps' bounds tests out of the channel loop into
+    predicate words and spilled one (40 registers, 4 B; found by the heavy compile sweep); with
+    taps outermost each tap is tested once and nothing is hoisted."""
+    spec = ConvSpec(dims=3, layout="NCDHW", n=1, c=2, k=2, input_size=(2, 7, 2), filter_size=(2, 4, 2),
+                    padding=(2, 2, 1), dilation=(1, 3, 1))
+    for variant in ("basic", "constant"):
+        kernel = build("direct", spec, {"variant": variant}, arch="sm_90")
+        (resources,) = kernel.compiled.resources.values()
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, variant
+        assert kernel.source.code.count("continue;") == 1
+
+
 def test_min_blocks_caps_the_register_tile_through_launch_bounds(cache_dir):
     """9x9 filter, 8x4 outputs per thread, constant filter: ptxas takes 80 registers on its own;
     promised 4 blocks of 256 threads per SM it must fit 64."""

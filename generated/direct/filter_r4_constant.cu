@@ -33,15 +33,15 @@ convgen_direct_constant_803f94a5d6(const float* __restrict__ x, float* __restric
     const idx_t o0 = ((((t) / 8192)) % 8192);
     const idx_t o1 = ((t) % 8192);
     float acc = 0.0f;
-    for (int c = 0; c < 1; ++c) {
+    // Taps outermost: a tap's bounds test holds for every channel, so it is made once per tap.
 #pragma unroll
-        for (int kk = 0; kk < 81; ++kk) {
-            const int k0 = ((kk) / 9);
-            const int k1 = ((kk) % 9);
-            const idx_t i0 = k0 + o0 - 4;
-            const idx_t i1 = k1 + o1 - 4;
-            if (i0 >= 0 && i0 < 8192 && i1 >= 0 && i1 < 8192) acc += __ldg(x + 67108864*c + 8192*i0 + i1 + 67108864*n) * convgen_direct_constant_803f94a5d6_filter[81*c + kk + 81*oc];
-        }
+    for (int kk = 0; kk < 81; ++kk) {
+        const int k0 = ((kk) / 9);
+        const int k1 = ((kk) % 9);
+        const idx_t i0 = k0 + o0 - 4;
+        const idx_t i1 = k1 + o1 - 4;
+        if (!(i0 >= 0 && i0 < 8192 && i1 >= 0 && i1 < 8192)) continue;
+        for (int c = 0; c < 1; ++c) acc += __ldg(x + 67108864*c + 8192*i0 + i1 + 67108864*n) * convgen_direct_constant_803f94a5d6_filter[81*c + kk + 81*oc];
     }
     y[67108864*n + 8192*o0 + o1 + 67108864*oc] = acc;
 }
