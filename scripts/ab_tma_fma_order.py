@@ -1,0 +1,135 @@
+"""A/B of the TMA implicit-GEMM kernel's FMA order (docs/perf.md, v13 and v14), on the GPU.
+
+ptxas places the consumer's 256 FMAs per 32-channel slice and decides the register-bank
+conflicts that v11 found among the stalls; v13 counted them in SASS for source orders that the
+CPU could not time.  This script renders the kernel with each order (the template's FMA block
+replaced in a scratch copy of the templates), checks each against cuDNN, and times them in
+interleaved rounds on the compute-bound layers.
+
+    PYTHONPATH=$PWD python3 scripts/ab_tma_fma_order.py [--out DIR] [LAYER ...]
+"""
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ORDER_START = "                // Serpentine order"
+ORDER_END = "            }\n            __syncwarp();"
+
+A_VALUE = "const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;"
+B_VALUE = ["const float4 group = b[q][j / 4];",
+           "const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;",
+           "acc[i][j] = fmaf(a_value, b_value, acc[i][j]);"]
+
+
+def loops(headers: list[str], body: list[str]) -> str:
+    """Nested unrolled loops around ``body`` (lines indented relative to the innermost loop), at
+    the template's indentation."""
+    text, pad = "", " " * 16
+    for header in headers:
+        text += f"#pragma unroll\n{pad}{header} {{\n"
+        pad += " " * 4
+    text += "".join(f"{pad}{line}\n" if not line.startswith("#") else f"{line}\n" for line in body)
+    for _ in headers:
+        pad = pad[:-4]
+        text += f"{pad}}}\n"
+    return text
+
+
+ORDERS = {
+    "rows": "// Rows outermost: one pixel row's 32 FMAs (4 k-steps x 8 channels) in a row.\n" + loops(
+        ["for (int i = 0; i < 8; ++i)", "for (int q = 0; q < 4; ++q)"],
+        [A_VALUE, "#pragma unroll", "for (int jj = 0; jj < 8; ++jj) {", "    const int j = q % 2 ? 7 - jj : jj;",
+         *("    " + line for line in B_VALUE), "}"]),
+    "columns": "// Columns outermost per k-step: each B value meets the 8 rows in a row.\n" + loops(
+        ["for (int q = 0; q < 4; ++q)", "for (int j = 0; j < 8; ++j)", "for (int i = 0; i < 8; ++i)"],
+        [A_VALUE, *B_VALUE]),
+}
+
+
+def scratch_templates(source: Path, root: Path, order: str | None) -> Path:
+    """A copy of the templates in ``source`` with the TMA kernel's FMA block replaced (None: unchanged)."""
+    target = root / (order or "serpentine")
+    shutil.copytree(source, target)
+    if order:
+        path = target / "implicit_gemm.cu.j2"
+        text = path.read_text()
+        start, end = text.index(ORDER_START), text.index(ORDER_END)
+        path.write_text(text[:start] + " " * 16 + ORDERS[order] + text[end:])
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("layers", nargs="*", default=["conv4", "conv8", "c3d_conv2"])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    import cupy
+    import torch
+
+    from codegen import render
+    from codegen.api import build
+    from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, select_layers
+    from codegen.families import implicit_gemm
+    from codegen.families.gemm import flops as gemm_flops
+    from codegen.index import IndexAlgebra
+
+    shapes = load_shapes()
+    layers = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], args.layers)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {name: scratch_templates(render.TEMPLATE_DIR, Path(tmp), None if name == "serpentine" else name)
+                    for name in ["serpentine", *ORDERS]}
+        for layer in layers:
+            layout = "NDHWC" if "D" in layer else "NHWC"
+            spec = layer_spec(layer, layout, layer["N"])
+            alg = IndexAlgebra(spec)
+            rng = cupy.random.default_rng(11)
+            x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
+            w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
+            y = cupy.empty(alg.output_shape, dtype=cupy.float32)
+            last = (0, spec.dims + 1, *range(1, spec.dims + 1))
+            x_torch, w_torch = torch.from_dlpack(x).permute(*last), torch.from_dlpack(w).permute(*last)
+            theirs = cudnn_fp32(spec, x_torch, w_torch)().double()
+            tiles = implicit_gemm.FAMILY.tma_tiles(spec).to_dict()
+            kernels = {}
+            for name, directory in variants.items():
+                render.TEMPLATE_DIR = directory
+                render.environment.cache_clear()
+                kernel = build("implicit_gemm", spec, tiles)
+                y.fill(float("nan"))
+                kernel.launch([x, w], y)
+                ours = torch.from_dlpack(y).permute(*last).double()
+                error = float((ours - theirs).norm() / theirs.norm())
+                kernels[name] = kernel
+                main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
+                results.append({"layer": layer["name"], "layout": layout, "order": name, "tiles": kernel.plan.tiles.describe(),
+                                "registers": main_kernel.registers, "spill_bytes": main_kernel.spill_stores,
+                                "relative_error_vs_cudnn": error})
+            samples = {name: [] for name in kernels}
+            for _ in range(args.rounds):
+                for name, kernel in kernels.items():
+                    samples[name].append(median_seconds(lambda k=kernel: k.launch([x, w], y), 10, warmup=1))
+            flops = gemm_flops(spec)
+            for row in results[-len(kernels):]:
+                seconds = statistics.median(samples[row["order"]])
+                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12,
+                           vs_serpentine=statistics.median(samples["serpentine"]) / seconds)
+            print(f"[{layer['name']}] " + ", ".join(f"{r['order']} {r['tflops']:.1f}" for r in results[-len(kernels):]),
+                  file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ab-tma-fma-order.json").write_text(json.dumps(results, indent=1))
+    print(f"{'layer':10} {'order':11} {'regs':>4} {'spill':>5} {'ms':>8} {'TFLOP/s':>8} {'vs serp.':>8} {'rel.err':>9}")
+    for r in results:
+        print(f"{r['layer']:10} {r['order']:11} {r['registers']!s:>4} {r['spill_bytes']!s:>5} {r['ms']:8.3f} "
+              f"{r['tflops']:8.1f} {r['vs_serpentine']:8.3f} {r['relative_error_vs_cudnn']:9.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
