@@ -25,12 +25,13 @@ def has_gpu() -> bool:
     return device_arch() is not None
 
 
-def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> KernelPlan:
+def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> KernelPlan:
     """Validate ``tiles`` for ``family`` (None: the tuned configuration for this GPU if one was
-    recorded by ``convgen tune``, else the heuristic) and return the family's plan."""
+    recorded by ``convgen tune``, else the heuristic for ``arch``, by default the device's or
+    sm_90) and return the family's plan."""
     fam = get_family(family)
     if tiles is None:
-        tiles = _tuned_or_default(fam, spec)
+        tiles = _tuned_or_default(fam, spec, resolve_arch(arch))
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
@@ -38,7 +39,7 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None) -> Kern
     return fam.plan(spec, tiles)
 
 
-def _tuned_or_default(fam, spec: ConvSpec) -> Tiles:
+def _tuned_or_default(fam, spec: ConvSpec, arch: str) -> Tiles:
     """The tuned configuration recorded for this GPU and version when there is one (it still
     plans and renders to the kernel code that was timed), else the heuristic; a database problem
     never stops a build.  A record is used as it was measured: a field added since (split_k) takes
@@ -51,7 +52,7 @@ def _tuned_or_default(fam, spec: ConvSpec) -> Tiles:
             return fam.tiles_type.from_dict(tuned)
     except (SpecError, TypeError, ValueError):
         pass
-    return fam.default_tiles(spec)
+    return fam.heuristic_tiles(spec, arch)
 
 
 @dataclass
@@ -179,8 +180,8 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
 
     ``tiles=None`` picks the family's heuristic; ``arch=None`` the current device's architecture
     (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched)."""
-    kernel_plan = plan(family, spec, tiles)
     arch = resolve_arch(arch)
+    kernel_plan = plan(family, spec, tiles, arch)
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{family}.cu", arch)

@@ -29,7 +29,7 @@ def selftest_stride(outputs: int, terms: int) -> int:
 def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, launcher: str | None = None,
                 file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH) -> str:
     """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
-    kernel_plan = make_plan(family, spec, tiles)
+    kernel_plan = make_plan(family, spec, tiles, arch)
     check_arch(kernel_plan, arch)
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "

@@ -403,10 +403,11 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
          clock: Callable[[], float] = time.monotonic, only: list[dict] | None = None) -> TuneResult:
     """Tune ``family`` for ``spec``; record the winner in the database (when ``record``).
     ``only``: measure these configurations against the heuristic instead of searching."""
+    from codegen.compile import resolve_arch
     from codegen.families import get_family
 
     fam = get_family(family)
-    first = fam.default_tiles(spec).to_dict()
+    first = fam.heuristic_tiles(spec, resolve_arch(None)).to_dict()
     space = fam.tuning_space(spec) if only is None else [first] + [dict(c) for c in only if c != first]
     if not space:
         raise SpecError("family", family, "declares no tuning space")

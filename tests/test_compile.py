@@ -232,6 +232,35 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
         (128, 96, 16, 8, 12, 128)
 
 
+def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_faster(cache_dir):
+    """On sm_90 the TMA kernel for the eight channels-last layers where it ran 1.09-1.76x the
+    cp.async kernel on the H100 (docs/perf.md v14), the cp.async kernel for the four where it
+    lost or tied (fewer than 4 tiles per SM) and for a K that leaves its tiles part idle; an sm_80
+    target and channels-first data never take it.  build() and emit pass their target through."""
+    from codegen.bench import layer_spec, load_shapes
+    from codegen.emit import emit_source
+
+    layers = {l["name"]: l for group in ("conv2d_mec", "conv3d") for l in load_shapes()[group]}
+
+    def takes_tma(name, channels_last=True, arch="sm_90"):
+        three_d = "D" in layers[name]
+        layout = ("NDHWC" if three_d else "NHWC") if channels_last else ("NCDHW" if three_d else "NCHW")
+        return plan("implicit_gemm", layer_spec(layers[name], layout, layers[name]["N"]), arch=arch).tiles.tma
+
+    faster = ["conv4", "conv5", "conv8", "conv9", "conv10", "c3d_conv2", "c3d_conv3", "unet3d_l1"]
+    assert all(takes_tma(name) for name in faster)
+    assert not any(takes_tma(name) for name in ["conv6", "conv11", "conv12", "unet3d_down"])
+    assert not any(takes_tma(name, arch="sm_80") for name in faster)
+    assert not takes_tma("conv8", channels_last=False) and not takes_tma("c3d_conv2", channels_last=False)
+    many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=8, k=64, input_size=(66, 66), filter_size=3)
+    assert build("implicit_gemm", many_tiles, arch="sm_90").plan.variant == "tma"
+    assert build("implicit_gemm", many_tiles, arch="sm_80").plan.variant != "tma"
+    assert "cuTensorMapEncodeIm2col" not in emit_source("implicit_gemm", many_tiles, arch="sm_80")
+    assert "cuTensorMapEncodeIm2col" in emit_source("implicit_gemm", many_tiles, arch="sm_90")
+    partly_idle = ConvSpec.from_dict({**many_tiles.to_dict(), "k": 48})
+    assert not plan("implicit_gemm", partly_idle, arch="sm_90").tiles.tma
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 @pytest.mark.parametrize("layout, c, tiles, where", [
     ("NCHW", 64, None, "__constant__"),

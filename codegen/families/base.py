@@ -215,6 +215,11 @@ class Family:
     def default_tiles(self, spec: ConvSpec) -> Tiles:
         raise NotImplementedError
 
+    def heuristic_tiles(self, spec: ConvSpec, arch: str) -> Tiles:
+        """The heuristic for a target architecture (``build(spec)`` without tiles): the portable
+        ``default_tiles`` unless the family has a kernel that only newer GPUs run."""
+        return self.default_tiles(spec)
+
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""
         return []
