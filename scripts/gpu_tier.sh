@@ -15,6 +15,7 @@
 #   300 examples: NVRTC compiles every example).
 set -u
 mode=${1:-full}
+case $mode in quick|tests|bench|full) ;; *) echo "gpu_tier.sh: mode '$mode' is not one of quick, tests, bench, full" >&2; exit 2 ;; esac
 out=${OUT:-gpu-out}
 logs=${LOGS:-$(mktemp -d)}  # LOGS=$OUT/logs keeps partial logs when the call runs out of time
 mkdir -p "$out" "$logs"
