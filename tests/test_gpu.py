@@ -430,6 +430,25 @@ def test_tma_implicit_gemm_on_edge_shapes():
         _assert_conv_matches("implicit_gemm", spec, {"tma": True}, 0)
 
 
+def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():
+    """build(spec) without tiles on a channels-last spec of 563 tiles with K = 32 (the TMA tile's
+    idle half that the compiler drops), a channel tail, padding and dilation: the TMA kernel on
+    sm_90 and newer (docs/perf.md v14), the cp.async kernel before; against the float64 reference
+    (NaN-poisoned) and F.conv2d."""
+    from codegen.api import build
+    from codegen.compile import compute_capability, device_arch
+
+    torch = _torch()
+    spec = ConvSpec(dims=2, layout="NHWC", n=40, c=12, k=32, input_size=(62, 62), filter_size=3, padding=1,
+                    dilation=2, dpitch=16)
+    kernel = build("implicit_gemm", spec)
+    assert (kernel.plan.variant == "tma") == (compute_capability(device_arch()) >= 90), kernel.plan.variant
+    _assert_conv_matches("implicit_gemm", spec, None, 3)
+    ours_x, ours_w, theirs, (x, w) = _torch_case(spec, 3)
+    y = kernel(ours_x.contiguous(), ours_w.contiguous()).permute(0, 3, 1, 2)
+    torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_gemm_families_on_edge_shapes():
     """C = 1, K = 1, sizes of 1, tile tails, and 3D with asymmetric stride, padding and dilation."""
     edge = [
