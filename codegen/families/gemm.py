@@ -265,6 +265,11 @@ def loader_registers(tiles: GemmTiles, a_load: dict, b_load: dict, a_vec: int, b
     return state
 
 
+def tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
+    """CTA tiles that cover the M x N output, partial tiles included."""
+    return -(-gemm_m // block_m) * -(-gemm_n // block_n)
+
+
 def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     """A sound tile choice without tuning, distilled from tuning the 16 benchmark layers on an
     H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
@@ -291,14 +296,14 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
     block_n = 64 if gemm_n > 128 else next(b for b in (32, 64, 96, 128) if gemm_n <= b)
     block_m = 256 if block_n == 32 else 128
-    while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < 2 * SM_COUNT_HINT:
+    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * SM_COUNT_HINT:
         block_m //= 2
     thread_m, thread_n = 8, 12 if block_n == 96 else 8
     if block_m == 32 or block_n == 32:
         thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
     block_k = 16 if gemm_k >= 64 else 8
-    ctas = -(-gemm_m // block_m) * -(-gemm_n // block_n)
+    ctas = tile_count(gemm_m, gemm_n, block_m, block_n)
     k_tiles = -(-gemm_k // block_k)
     split_k = 1
     if ctas < SPLIT_K_CTAS:
@@ -317,7 +322,7 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     space = []
     for block_m in (32, 64, 128, 256):
         for block_n in (b for b in (32, 64, 96, 128, 256) if b <= widest):
-            few_tiles = -(-gemm_m // block_m) * -(-gemm_n // block_n) < SPLIT_K_CTAS
+            few_tiles = tile_count(gemm_m, gemm_n, block_m, block_n) < SPLIT_K_CTAS
             for block_k in (8, 16, 32):
                 for thread_m, thread_n in MICRO_TILES:
                     for lanes_m in (2, 4, 8, 16):
@@ -429,7 +434,7 @@ def table_in_constant(a_load: dict, table_bytes: int) -> bool:
 def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:
     """x: M tiles times N tiles, N fastest (see the kernel's comment); y: the K splits."""
     gemm_m, gemm_n, _ = index.gemm_sizes(index.IndexAlgebra(spec))
-    return (-(-gemm_m // tiles.block_m) * -(-gemm_n // tiles.block_n), k_split(spec, tiles)[0], 1)
+    return (tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n), k_split(spec, tiles)[0], 1)
 
 
 def k_split(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int]:

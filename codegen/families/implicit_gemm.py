@@ -67,8 +67,8 @@ class ImplicitGemm(Family):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
-        tile_count = -(-gemm_m // tiles.block_m) * -(-gemm_n // tiles.block_n)
-        return tiles if tile_count >= TMA_MIN_TILES_PER_SM * SM_COUNT_HINT else self.default_tiles(spec)
+        enough = gemm.tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n) >= TMA_MIN_TILES_PER_SM * SM_COUNT_HINT
+        return tiles if enough else self.default_tiles(spec)
 
     def tma_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         """The TMA kernel's tiles, from the prototype's H100 timings (docs/perf.md, GEMM v11):
@@ -77,7 +77,7 @@ class ImplicitGemm(Family):
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         block_n = 128 if gemm_n > 64 else 64
         block_m = 128 if block_n == 128 else 256
-        while block_m > 32 and -(-gemm_m // block_m) * -(-gemm_n // block_n) < SM_COUNT_HINT:
+        while block_m > 32 and gemm.tile_count(gemm_m, gemm_n, block_m, block_n) < SM_COUNT_HINT:
             block_m //= 2
         tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, stages=2, tma=True, **gemm.TMA_FIXED)
         for stages in range(TMA_STAGES, 2, -1):
