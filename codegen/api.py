@@ -184,7 +184,7 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
     kernel_plan = plan(family, spec, tiles, arch)
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
-    compiled = compile_source(source.code, f"{family}.cu", arch)
+    compiled = compile_source(source.code, f"{family}.cu", kernel_plan.compile_arch(arch))
     return Kernel(kernel_plan, source, compiled)
 
 

@@ -123,11 +123,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_emit(args) -> int:
-    from codegen.emit import emit
+    from codegen.emit import build_flags, emit
 
     path = emit(args.family, spec_from_args(args), args.output, tiles_from_args(args), args.name,
                 args.arch or "sm_90")
-    print(f"wrote {path}  (build: nvcc -arch={args.arch or 'sm_90'} -DCONVGEN_SELFTEST {path} -o selftest)")
+    print(f"wrote {path}  (build: nvcc {' '.join(build_flags(path.read_text()))} -DCONVGEN_SELFTEST {path} -o selftest)")
     return 0
 
 

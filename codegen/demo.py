@@ -73,5 +73,6 @@ def run(out_dir: Path) -> int:
             timing = f"{time_kernel(kernel) * 1e6:.1f} us"
         print(f"{family:13} {name:15} {kernel.plan.variant:22} {kernel.compiled.source_hit:6} {regs:4d} "
               f"{str(path):48} {check:8} {timing:>10}")
-    print(f"\nemitted files build with: nvcc -arch=sm_90 -DCONVGEN_SELFTEST {out_dir}/<file>.cu -o selftest")
+    print(f"\nemitted files build with: nvcc -arch=sm_90 -DCONVGEN_SELFTEST {out_dir}/<file>.cu -o selftest\n"
+          "(or with the architecture flags a file's first lines name: sm_90a for setmaxnreg)")
     return 1 if failures else 0

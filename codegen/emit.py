@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -37,9 +38,27 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     name = launcher or kernel_plan.launches[-1].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
     terms = kernel_plan.context.get("reference_terms", 1)
     outputs = kernel_plan.output.elements
-    return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name, arch=arch,
+    return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name,
+                  arch_flags=nvcc_arch_flags(kernel_plan.compile_arch(arch)),
                   output_name=kernel_plan.output.name, output_elements=outputs,
                   selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms)
+
+
+def nvcc_arch_flags(arch: str) -> str:
+    """nvcc's architecture flags for ``arch``: ``-arch=sm_90``, or for an arch-specific target
+    (sm_90a) the one -gencode pair, since ``-arch=sm_90a`` also builds a compute_90 PTX, where
+    sm_90a instructions (setmaxnreg) do not assemble."""
+    if arch.endswith("a"):
+        return f"-gencode arch=compute_{arch[3:]},code={arch}"
+    return f"-arch={arch}"
+
+
+def build_flags(text: str) -> list[str]:
+    """The nvcc architecture flags an emitted file's self-test build line names."""
+    found = re.search(r"^//   nvcc (.+) -DCONVGEN_SELFTEST ", text, re.MULTILINE)
+    if found is None:
+        raise ValueError("not an emitted convgen file: no 'nvcc ... -DCONVGEN_SELFTEST' build line")
+    return found.group(1).split()
 
 
 def write_if_changed(path: Path, text: str) -> bool:

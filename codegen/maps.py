@@ -361,13 +361,17 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     for tile in range(context["tiles_total"]):
         col = tile // context["n_tiles"] * bm
         n_tile = tile % context["n_tiles"] * bn
-        pixel = {name: np.int64(_eval(expr, col=np.int64(col))) for name, expr in zip(names, alg.col_coords)}
-        origin = tuple(int(_eval(e, **pixel)) for e in im2col["origin"])
+        starts = []
+        for box in range(context["boxes"]):
+            pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
+                     for name, expr in zip(names, alg.col_coords)}
+            starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
         acc = np.zeros((bm, bn))
         for k in range(context["taps"] * context["c_chunks"]):
             kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
             offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
-            walk = np.array(im2col_walk(x_map, (c0, *origin, pixel["n"]), offsets, bm))
+            walk = np.array([pixel for start in starts
+                             for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
             channels = c0 + np.arange(bk)[None, :]
             a = read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
             b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])

@@ -60,7 +60,8 @@ TMA_GEMM_SPECS = {  # channels-last, pitches multiple of 4: what the TMA implici
                          stride=(1, 2, 2), padding=(0, 1, 1), dilation=(2, 1, 1)),
 }
 TMA_GEMM_SWITCHES = {"heuristic": {"tma": True}, "wide": {"tma": True, "block_m": 64, "block_n": 256, "stages": 3},
-                     "tall": {"tma": True, "block_m": 256, "block_n": 64, "stages": 2}}
+                     "tall": {"tma": True, "block_m": 256, "block_n": 64, "stages": 2},
+                     "rows16": {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 256, "block_n": 128, "stages": 3}}
 VARIANTS = (
     [("im2col", name, spec, {"vectorized": False}) for name, spec in SPECS.items()]
     + [("im2col", f"{dims}-{p}", ConvSpec.from_dict({**SPECS[f"{dims}-{'nhwc' if dims == '2d' else 'ndhwc'}"].to_dict(),
@@ -230,6 +231,26 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
     tiles = get_family("implicit_gemm").default_tiles(spec)
     assert (tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n, tiles.threads) == \
         (128, 96, 16, 8, 12, 128)
+
+
+def test_register_split_kernels_compile_for_the_arch_specific_target(cache_dir):
+    """setmaxnreg exists only in sm_90a: a TMA kernel with a producer warpgroup (8 consumer warps,
+    or 16-row micro-tiles) built for sm_90 is compiled for sm_90a, with its consumers' registers
+    past the 168 of the launch and no spill; a single-producer kernel stays portable sm_90."""
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=128, input_size=(30, 30), filter_size=3, padding=1)
+    rows16 = build("implicit_gemm", spec, {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 256,
+                                           "block_n": 128, "stages": 4}, arch="sm_90")
+    assert rows16.compiled.arch == "sm_90a" and rows16.plan.launches[-1].block[0] == 384
+    resources = rows16.compiled.resources[rows16.plan.launches[-1].kernel]
+    assert resources.registers == 168 and resources.spill_stores == 0
+    four_warps = build("implicit_gemm", spec, {"tma": True, "block_m": 64, "block_n": 128, "stages": 3}, arch="sm_90")
+    assert four_warps.compiled.arch == "sm_90" and four_warps.plan.launches[-1].block[0] == 160
+    with pytest.raises(SpecError, match="thread_m 16 there must be 4 or 8"):
+        plan("implicit_gemm", spec, {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 128, "block_n": 64})
+    with pytest.raises(SpecError, match="tiles.block_m=384 is invalid: must be a multiple of 256"):
+        plan("implicit_gemm", spec, {"tma": True, "block_m": 384, "block_n": 64})
+    with pytest.raises(SpecError, match="at most 256 without tma"):
+        plan("implicit_gemm", spec, {"block_m": 512, "warp_m": 64})
 
 
 def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_faster(cache_dir):

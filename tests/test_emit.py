@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from codegen import catalogue
-from codegen.emit import SELFTEST_BUDGET, emit, emit_source, selftest_stride
+from codegen.emit import SELFTEST_BUDGET, build_flags, emit, emit_source, selftest_stride
 from codegen.spec import ConvSpec
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-NVCC_FLAGS = ["-arch=sm_90", "-Werror", "all-warnings", "-DCONVGEN_SELFTEST", "-c"]
+NVCC_FLAGS = ["-Werror", "all-warnings", "-DCONVGEN_SELFTEST", "-c"]
 
 
 def test_catalogue_is_fresh():
@@ -43,7 +43,7 @@ def test_emitted_file_is_self_describing(tmp_path):
 
 
 def _nvcc(path, out_dir):
-    result = subprocess.run([NVCC, *NVCC_FLAGS, str(path), "-o", str(out_dir / (path.stem + ".o"))],
+    result = subprocess.run([NVCC, *build_flags(path.read_text()), *NVCC_FLAGS, str(path), "-o", str(out_dir / (path.stem + ".o"))],
                             capture_output=True, text=True)
     return path, result.returncode, result.stderr
 
@@ -84,6 +84,23 @@ def test_tma_implicit_gemm_emission_encodes_both_maps_and_builds_with_its_selfte
     launches = [line.split("<<<")[0].strip() for line in text.splitlines() if "<<<" in line]
     assert len(launches) == 2 and launches[0] == launches[1] + "_filter"
     assert text.index("convgen_encode_im2col_map(&x_map") < text.index("convgen_encode_map(&wt_map") < text.index("<<<")
+    _, rc, err = _nvcc(path, tmp_path)
+    assert rc == 0 and not err.strip(), err
+
+
+@needs_nvcc
+def test_register_split_emission_names_sm_90a_and_builds(tmp_path):
+    """A TMA kernel whose producer warpgroup hands its registers to the consumers (setmaxnreg) is
+    arch-specific: the emitted file's build line names sm_90a (one -gencode pair) for an sm_90
+    target, and it builds so, with two im2col copies per slice for its 512-pixel tile."""
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=16, k=64, input_size=(20, 20), filter_size=3, padding=1)
+    tiles = {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 512, "block_n": 64, "stages": 3}
+    path = emit("implicit_gemm", spec, tmp_path / "split.cu", tiles, arch="sm_90")
+    text = path.read_text()
+    assert build_flags(text) == ["-gencode", "arch=compute_90a,code=sm_90a"]
+    assert "nvcc -gencode arch=compute_90a,code=sm_90a -DCONVGEN_SELFTEST" in text
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in text and "setmaxnreg.inc.sync.aligned.u32 232" in text
+    assert "for (int box = 0; box < 2; ++box)" in text
     _, rc, err = _nvcc(path, tmp_path)
     assert rc == 0 and not err.strip(), err
 

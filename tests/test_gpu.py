@@ -385,16 +385,19 @@ def test_gemm_families_against_torch_conv(spec, seed, family):
 
 
 TMA_GEMM_SPECS = specs(vector_pitch=True, max_channels=40, max_k=70, max_elements=1 << 16, max_filter=5)
-TMA_GEMM_TILES = st.fixed_dictionaries({"tma": st.just(True), "block_m": st.sampled_from((32, 64, 128, 256)),
-                                        "block_n": st.sampled_from((64, 128, 256)), "stages": st.integers(2, 6)})
+TMA_GEMM_TILES = st.fixed_dictionaries({"tma": st.just(True), "block_m": st.sampled_from((32, 64, 128, 256, 512)),
+                                        "block_n": st.sampled_from((64, 128, 256)), "stages": st.integers(2, 6),
+                                        "thread_m": st.sampled_from((8, 16))}).map(
+    lambda tiles: {**tiles, "warp_m": 4 * tiles["thread_m"]})
 
 
 @GPU
 @given(spec=TMA_GEMM_SPECS, tiles=TMA_GEMM_TILES, seed=st.integers(0, 2**16))
 def test_tma_implicit_gemm_every_switch(spec, tiles, seed):
-    """The TMA kernel (sm_90) for every CTA tile and ring depth on channels-last specs with stride,
-    padding, dilation, channel tails (C not a multiple of its 32-channel slices) and K tails,
-    NaN-poisoned: padding comes from the im2col mode's zero fill, tails from the store guards."""
+    """The TMA kernel (sm_90; sm_90a for 16-row micro-tiles) for every CTA tile, micro-tile and ring
+    depth on channels-last specs with stride, padding, dilation, channel tails (C not a multiple of
+    its 32-channel slices) and K tails, NaN-poisoned: padding comes from the im2col mode's zero
+    fill, tails from the store guards."""
     _assert_conv_matches("implicit_gemm", spec, tiles, seed)   # tiles over the register file or shared memory: assumed away
 
 
@@ -415,7 +418,9 @@ def test_tma_implicit_gemm_against_torch_conv(spec, seed):
 def test_tma_implicit_gemm_on_edge_shapes():
     """C = 4 (an 8th of a slice), K = 1 (scalar stores), sizes of 1, 3D with asymmetric stride,
     padding and dilation, stride 8 and wide padding (corners far from 0), and a grid with more
-    tiles than blocks (the persistent loop carries the ring's stages and phases across tiles)."""
+    tiles than blocks (the persistent loop carries the ring's stages and phases across tiles);
+    each with the heuristic's tiles and with 512-pixel tiles of 16-row micro-tiles (two im2col
+    boxes, the producer warpgroup's setmaxnreg)."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -426,8 +431,10 @@ def test_tma_implicit_gemm_on_edge_shapes():
                  stride=(2, 1, 3), padding=(1, 0, 2), dilation=(1, 2, 1)),
         ConvSpec(dims=2, layout="NHWC", n=4, c=64, k=96, input_size=(64, 64), filter_size=3, padding=1),
     ]
+    two_boxes = {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 512, "block_n": 64, "stages": 3}
     for spec in edge:
         _assert_conv_matches("implicit_gemm", spec, {"tma": True}, 0)
+        _assert_conv_matches("implicit_gemm", spec, two_boxes, 0)
 
 
 def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():

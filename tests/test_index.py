@@ -313,8 +313,10 @@ def test_tma_tile_algebra(spec, rows, warps, seed):
     assert compare(register_tiles_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
 
 
-TMA_GEMM_TILES = st.sampled_from(((32, 64), (64, 64), (128, 64), (256, 64), (32, 128), (64, 128), (128, 128),
-                                  (32, 256), (64, 256))).map(lambda b: {"block_m": b[0], "block_n": b[1], "stages": 3})
+TMA_GEMM_TILES = st.sampled_from(((32, 64, 8), (64, 64, 8), (128, 64, 8), (256, 64, 8), (32, 128, 8), (64, 128, 8),
+                                  (128, 128, 8), (32, 256, 8), (64, 256, 8), (256, 64, 16), (256, 128, 16),
+                                  (512, 64, 16))).map(
+    lambda b: {"block_m": b[0], "block_n": b[1], "thread_m": b[2], "warp_m": 4 * b[2], "stages": 3})
 
 
 @settings(max_examples=60, deadline=None)
@@ -325,7 +327,8 @@ def test_tma_implicit_gemm_algebra(spec, drawn, seed):
     slice's A tile walked through the im2col map (dims, byte strides, corners, traversal strides)
     from the producer's coordinates and tap offsets as the driver API documents the mode, B read
     through the tiled map, tiles stored where the output has them; against the slicing reference.
-    Stride, padding, dilation, channel tails (C not a multiple of 32) and K tails all occur."""
+    Stride, padding, dilation, channel tails (C not a multiple of 32) and K tails all occur, and
+    512-pixel tiles loaded as two im2col boxes."""
     from codegen.families import get_family
     from codegen.fuzz import compare
     from codegen.maps import tma_gemm_by_terms

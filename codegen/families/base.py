@@ -123,6 +123,13 @@ class KernelPlan:
     launch's ``chunk_strides``: a workspace sized for one chunk bounds the extra memory (im2win)."""
     min_arch: int = 0
     """The oldest compute capability (as 90 for sm_90) whose instructions the kernels use."""
+    arch_specific: bool = False
+    """The kernels use architecture-specific instructions (``setmaxnreg``), so they are compiled
+    for the target's "a" variant (sm_90a), whose code runs on that compute capability only."""
+
+    def compile_arch(self, arch: str) -> str:
+        """The architecture to compile for when the target is ``arch``."""
+        return arch + "a" if self.arch_specific and not arch.endswith("a") else arch
 
     @property
     def schedule(self) -> tuple[Launch | BlasGemm, ...]:

@@ -73,7 +73,7 @@ class GemmTiles(Tiles):
     tma: bool = False
 
     PARAMS: ClassVar = (
-        TileParam("block_m", "CTA tile along GEMM M (output pixels)", minimum=1, maximum=256),
+        TileParam("block_m", "CTA tile along GEMM M (output pixels; above 256 only with tma=True)", minimum=1, maximum=512),
         TileParam("block_n", "CTA tile along GEMM N (output channels)", minimum=1, maximum=256),
         TileParam("block_k", "K slice per pipeline stage", choices=(4, 8, 16, 32)),
         TileParam("warp_m", "warp tile along M", minimum=1, maximum=256),
@@ -96,8 +96,10 @@ class GemmTiles(Tiles):
                   "few tiles and K is long", minimum=1, maximum=16),
         TileParam("tma", "implicit_gemm on channels-last data, sm_90: persistent warp-specialised blocks in which "
                   "one producer thread loads A with TMA's im2col mode and B (the filter, transposed per call into a "
-                  "taps x C x K workspace) as TMA boxes, for block_m/32 x block_n/64 consumer warps of 8x8 "
-                  "micro-tiles; fixes block_k 32, warp tile 32x64, thread tile 8x8, no row table, no split-K",
+                  "taps x C x K workspace) as TMA boxes, for block_m/warp_m x block_n/64 consumer warps of "
+                  "thread_m x 8 micro-tiles (thread_m 8 or 16, warp_m = 4 * thread_m); fixes block_k 32, no row "
+                  "table, no split-K; 8 consumer warps, or 16-row micro-tiles, make the producer a warpgroup that "
+                  "hands its registers to the consumers (setmaxnreg, compiled for sm_90a)",
                   choices=(False, True)),
     )
 
@@ -106,9 +108,16 @@ class GemmTiles(Tiles):
         return (self.block_m // self.warp_m) * (self.block_n // self.warp_n)
 
     @property
+    def producer_warps(self) -> int:
+        """The TMA kernel's producer: one warp, or a whole warpgroup where its registers are handed
+        to the consumers (``setmaxnreg`` works on warpgroups)."""
+        if not self.tma:
+            return 0
+        return 4 if tma_register_split(self) else 1
+
+    @property
     def threads(self) -> int:
-        """The consumer warps, plus the producer warp of the TMA kernel."""
-        return (self.consumer_warps + (1 if self.tma else 0)) * 32
+        return (self.consumer_warps + self.producer_warps) * 32
 
 
 def _loader(rows: int, groups: int, threads: int, m_fastest: bool, field: str, tiles: GemmTiles) -> dict:
@@ -145,15 +154,26 @@ def pixels_split_evenly(block_m: int, threads: int) -> bool:
     return threads % block_m == 0 or block_m % threads == 0
 
 
-TMA_FIXED = {"block_k": 32, "warp_m": 32, "warp_n": 64, "thread_m": 8, "thread_n": 8, "split_k": 1, "precomp": False,
+TMA_FIXED = {"block_k": 32, "warp_n": 64, "thread_n": 8, "split_k": 1, "precomp": False,
              "async_copy": True, "vector_load": True, "vector_smem": True}
 """The tiles the TMA kernel is written for: a k-slice is 32 channels (one 128-byte swizzled
-shared-memory row per pixel), warps own 32x64 outputs in 8x8 micro-tiles read as float4, the
-im2col walk replaces the row table, and there is no split-K."""
+shared-memory row per pixel), warps own 64 output channels in micro-tiles of 8 channels read as
+float4, the im2col walk replaces the row table, and there is no split-K."""
 TMA_REGISTERS = 168
-"""Registers a TMA consumer thread needs (64 accumulators, 48 fragment registers, addresses; ptxas
-takes 168, and a 17-warp block held to 96 spilled 460 bytes): with the producer warp at the same
-count, at most 12 warps fit in an SM's register file."""
+"""Registers a TMA thread is launched with (8x8 micro-tile: 64 accumulators, 48 fragment registers,
+addresses; a 17-warp block held to 96 spilled 460 bytes).  9 to 12 warps put 3 on some scheduler,
+whose quarter of the register file (16,384) then allows 170 a lane."""
+TMA_THREAD_ROWS = (8, 16)
+TMA_BOX_PIXELS = 256
+"""Most pixels one im2col copy takes (its pixels-per-column, like a tiled box's 256 per axis): a
+512-pixel A tile is two copies."""
+TMA_REGISTER_SPLIT = (40, 232)
+"""``setmaxnreg`` counts of the producer warpgroup and the consumers: per scheduler one producer
+warp at 40 and two consumer warps at 232 fit the 512 registers a lane that 3 warps at 168 held.
+A 16-row micro-tile needs them (128 accumulators; about 205 registers), and the 8x8 kernel of 8
+consumer warps ran 1.7-3.6 % faster with them (docs/perf.md, GEMM v15)."""
+
+
 TMA_ALIGNMENT = 1024
 """Bytes of dynamic shared memory a TMA block keeps spare to start its tiles on the 1024-byte
 boundary the 128-byte swizzle needs (the dynamic allocation is only 16-byte aligned)."""
@@ -165,25 +185,45 @@ def tma_shared_bytes(tiles: GemmTiles) -> int:
     return TMA_ALIGNMENT + tiles.stages * (tiles.block_m + tiles.block_n) * TMA_FIXED["block_k"] * 4 + 16 * tiles.stages
 
 
+def tma_register_split(tiles: GemmTiles) -> tuple[int, int] | None:
+    """The register split of a TMA kernel, or None where a single producer warp is kept (fewer
+    than 8 consumer warps of 8x8, where a warpgroup would cost a second resident block)."""
+    if tiles.tma and (tiles.consumer_warps == 8 or tiles.thread_m == 16):
+        return TMA_REGISTER_SPLIT
+    return None
+
+
 def _check_tma_geometry(tiles: GemmTiles) -> None:
     for name, fixed in TMA_FIXED.items():
         if getattr(tiles, name) != fixed:
             raise SpecError(f"tiles.{name}", getattr(tiles, name), f"must be {fixed!r} with tma=True (the TMA kernel "
-                            "reads 32-channel slices into 32x64 warp tiles of 8x8 micro-tiles, without a row table "
-                            "or split-K)")
-    for name, multiple in (("block_m", 32), ("block_n", 64)):
+                            "reads 32-channel slices into warp tiles 64 channels wide of 8-channel micro-tiles, "
+                            "without a row table or split-K)")
+    if tiles.thread_m not in TMA_THREAD_ROWS:
+        raise SpecError("tiles.thread_m", tiles.thread_m, f"must be one of {TMA_THREAD_ROWS} with tma=True")
+    if tiles.warp_m != 4 * tiles.thread_m:
+        raise SpecError("tiles.warp_m", tiles.warp_m, f"must be 4 * thread_m = {4 * tiles.thread_m} with tma=True "
+                        "(a warp's lanes form 4 rows by 8 columns of micro-tiles)")
+    for name, multiple in (("block_m", tiles.warp_m), ("block_n", 64)):
         if getattr(tiles, name) % multiple:
             raise SpecError(f"tiles.{name}", getattr(tiles, name), f"must be a multiple of {multiple} with tma=True "
-                            f"(one consumer warp per 32x64 outputs)")
+                            f"(one consumer warp per {tiles.warp_m}x64 outputs)")
+    if tiles.block_m > TMA_BOX_PIXELS and tiles.block_m % TMA_BOX_PIXELS:
+        raise SpecError("tiles.block_m", tiles.block_m, f"must be a multiple of {TMA_BOX_PIXELS} above {TMA_BOX_PIXELS} "
+                        f"with tma=True (the A tile is loaded as im2col boxes of {TMA_BOX_PIXELS} pixels)")
+    if tiles.thread_m == 16 and tiles.consumer_warps not in (4, 8):
+        raise SpecError("tiles.block_m/block_n", (tiles.block_m, tiles.block_n), f"gives {tiles.consumer_warps} consumer "
+                        "warps of 64x64; with thread_m 16 there must be 4 or 8 (whole warpgroups, which setmaxnreg "
+                        "resizes, and at most 2 per scheduler at 232 registers)")
     if tiles.stages < 2:
         raise SpecError("tiles.stages", tiles.stages, "must be at least 2 with tma=True (the producer fills one stage "
                         "while the consumers multiply another)")
     check_block(tiles.threads, "tiles.block_m/block_n", (tiles.block_m, tiles.block_n))
     if tiles.threads * TMA_REGISTERS > REGISTER_FILE:
         raise SpecError("tiles.block_m/block_n", (tiles.block_m, tiles.block_n), f"gives {tiles.consumer_warps} consumer "
-                        f"warps; with the producer's, {tiles.threads} threads of about {TMA_REGISTERS} registers "
-                        f"need more than the {REGISTER_FILE} an SM has (at most 11 consumer warps: block_m * block_n "
-                        f"<= {11 * 32 * 64})")
+                        f"warps; with the producer's, {tiles.threads} threads of {TMA_REGISTERS} registers need more "
+                        f"than the {REGISTER_FILE} an SM has (at most {REGISTER_FILE // (32 * TMA_REGISTERS)} warps "
+                        "a block)")
     shared = tma_shared_bytes(tiles)
     if shared > DYNAMIC_SHARED_LIMIT:
         raise SpecError("tiles.stages", tiles.stages, f"{tiles.stages} stages of {tiles.block_m}x32 and 32x{tiles.block_n} "
@@ -196,6 +236,9 @@ def check_geometry(tiles: GemmTiles) -> None:
     if tiles.tma:
         _check_tma_geometry(tiles)
         return
+    if tiles.block_m > 256:
+        raise SpecError("tiles.block_m", tiles.block_m, "must be at most 256 without tma (larger tiles are for the "
+                        "TMA kernel's 16-row micro-tiles)")
     pairs = (("block_m", "warp_m"), ("block_n", "warp_n"), ("warp_m", "thread_m"), ("warp_n", "thread_n"))
     for outer, inner in pairs:
         if getattr(tiles, outer) % getattr(tiles, inner):

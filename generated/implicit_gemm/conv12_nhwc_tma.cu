@@ -115,23 +115,33 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
     }
     __syncthreads();
 
-    if (warp == 4) {
+    if (warp >= 4) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
-        if (lane != 0) return;
+        if (warp != 4 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
         for (int tile = blockIdx.x; tile < 200; tile += gridDim.x) {
-            const idx_t col = (idx_t)(tile / 4) * 64;
             const int n_tile = (tile % 4) * 128;
-            const idx_t n = ((col) / 25);
-            const idx_t o0 = ((((col) / 5)) % 5);
-            const idx_t o1 = ((col) % 5);
+            // The A tile's 1 im2col box(es) of 64 pixels start at these input coordinates (W first, then the image).
+            int start[1][3];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 4) * 64 + box * 64;
+                const idx_t n = ((col) / 25);
+                const idx_t o0 = ((((col) / 5)) % 5);
+                const idx_t o1 = ((col) % 5);
+                start[box][0] = (int)(o1);
+                start[box][1] = (int)(o0);
+                start[box][2] = (int)n;
+            }
             for (int k = 0; k < 144; ++k) {
                 const int kk = k / 16;
                 const int c0 = (k % 16) * 32;
                 convgen_barrier_wait(&empty[stage], phase ^ 1u);
                 convgen_barrier_expect(&full[stage], 24576);
-                convgen_im2col_copy(a_tiles + stage * 2048, &x_map, &full[stage], c0, (int)(o1), (int)(o0), (int)n, (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 2048 + box * 2048, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
                 convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
                 if (++stage == 6) {
                     stage = 0;
@@ -141,7 +151,6 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
         }
         return;
     }
-
     // Consumer warp (warp % 2, warp / 2) owns 32 pixels x 64 channels; lane (lane / 8, lane % 8) owns
     // pixels lane/8 + 4i (i < 8) and channels 4*(lane % 8) + 32j + (0..3) (j < 2).
     const int lane_m = lane / 8;

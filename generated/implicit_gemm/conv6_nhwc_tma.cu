@@ -3,13 +3,14 @@
 //   tiles: block_m=128 block_n=128 block_k=32 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=6 async_copy=True vector_load=True vector_smem=True precomp=False split_k=1 tma=True
 //   index type: int (largest index 6553599)
 //   launch convgen_implicit_gemm_tma_1abfab5657_filter: grid (4608, 1, 1) block (256, 1, 1)
-//   launch convgen_implicit_gemm_tma_1abfab5657: grid (132, 1, 1) block (288, 1, 1) shared 197728 B
+//   launch convgen_implicit_gemm_tma_1abfab5657: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][12][12][256], in w[512][3][3][256], out y[128][10][10][512], workspace wt[9][256][512]
 
 //
 // Standalone file: needs only the CUDA toolkit.
-//   nvcc -arch=sm_90 -c conv6_nhwc_tma.cu                              (library object)
-//   nvcc -arch=sm_90 -DCONVGEN_SELFTEST conv6_nhwc_tma.cu -o selftest  (self-test program)
+//   nvcc -gencode arch=compute_90a,code=sm_90a -c conv6_nhwc_tma.cu                              (library object)
+//   nvcc -gencode arch=compute_90a,code=sm_90a -DCONVGEN_SELFTEST conv6_nhwc_tma.cu -o selftest  (self-test program)
+// (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv6_nhwc_tma(const float* x, const float* w, float* y, float* wt, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
 // (x, y, wt 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue)
@@ -93,7 +94,7 @@ convgen_implicit_gemm_tma_1abfab5657_filter(const float* __restrict__ w, float* 
 // channels past C) under the 128-byte swizzle, and B as a 32x128 box of the transposed filter.  8
 // consumer warp(s) of 32x64 outputs (8x8 per thread) wait on it, multiply from shared memory and release
 // the stage on its "empty" mbarrier; 6 stages in the ring, no block-wide barrier in the loop.
-extern "C" __global__ void __launch_bounds__(288, 1)
+extern "C" __global__ void __launch_bounds__(384, 1)
 convgen_implicit_gemm_tma_1abfab5657(const __grid_constant__ convgen_tensor_map x_map, const __grid_constant__ convgen_tensor_map wt_map, float* __restrict__ y)
 {
     // Dynamic shared memory (197728 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
@@ -115,23 +116,35 @@ convgen_implicit_gemm_tma_1abfab5657(const __grid_constant__ convgen_tensor_map 
     }
     __syncthreads();
 
-    if (warp == 8) {
+    if (warp >= 8) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
-        if (lane != 0) return;
+        // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp != 8 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
         for (int tile = blockIdx.x; tile < 400; tile += gridDim.x) {
-            const idx_t col = (idx_t)(tile / 4) * 128;
             const int n_tile = (tile % 4) * 128;
-            const idx_t n = ((col) / 100);
-            const idx_t o0 = ((((col) / 10)) % 10);
-            const idx_t o1 = ((col) % 10);
+            // The A tile's 1 im2col box(es) of 128 pixels start at these input coordinates (W first, then the image).
+            int start[1][3];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 4) * 128 + box * 128;
+                const idx_t n = ((col) / 100);
+                const idx_t o0 = ((((col) / 10)) % 10);
+                const idx_t o1 = ((col) % 10);
+                start[box][0] = (int)(o1);
+                start[box][1] = (int)(o0);
+                start[box][2] = (int)n;
+            }
             for (int k = 0; k < 72; ++k) {
                 const int kk = k / 8;
                 const int c0 = (k % 8) * 32;
                 convgen_barrier_wait(&empty[stage], phase ^ 1u);
                 convgen_barrier_expect(&full[stage], 32768);
-                convgen_im2col_copy(a_tiles + stage * 4096, &x_map, &full[stage], c0, (int)(o1), (int)(o0), (int)n, (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 4096 + box * 4096, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
                 convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
                 if (++stage == 6) {
                     stage = 0;
@@ -141,7 +154,7 @@ convgen_implicit_gemm_tma_1abfab5657(const __grid_constant__ convgen_tensor_map 
         }
         return;
     }
-
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     // Consumer warp (warp % 4, warp / 4) owns 32 pixels x 64 channels; lane (lane / 8, lane % 8) owns
     // pixels lane/8 + 4i (i < 8) and channels 4*(lane % 8) + 32j + (0..3) (j < 2).
     const int lane_m = lane / 8;
@@ -311,7 +324,7 @@ extern "C" cudaError_t convgen_implicit_gemm_conv6_nhwc_tma(const float* x, cons
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_1abfab5657, cudaFuncAttributeMaxDynamicSharedMemorySize, 197728);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_tma_1abfab5657_filter<<<dim3(4608, 1, 1), dim3(256, 1, 1), 0, stream>>>(w, wt);
-    convgen_implicit_gemm_tma_1abfab5657<<<dim3(132, 1, 1), dim3(288, 1, 1), 197728, stream>>>(x_map, wt_map, y);
+    convgen_implicit_gemm_tma_1abfab5657<<<dim3(132, 1, 1), dim3(384, 1, 1), 197728, stream>>>(x_map, wt_map, y);
     return cudaGetLastError();
 }
 

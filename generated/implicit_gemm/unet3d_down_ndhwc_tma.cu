@@ -115,24 +115,35 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
     }
     __syncthreads();
 
-    if (warp == 2) {
+    if (warp >= 2) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
-        if (lane != 0) return;
+        if (warp != 2 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
         for (int tile = blockIdx.x; tile < 256; tile += gridDim.x) {
-            const idx_t col = (idx_t)(tile / 1) * 32;
             const int n_tile = (tile % 1) * 128;
-            const idx_t n = ((col) / 4096);
-            const idx_t o0 = ((((col) / 256)) % 16);
-            const idx_t o1 = ((((col) / 16)) % 16);
-            const idx_t o2 = ((col) % 16);
+            // The A tile's 1 im2col box(es) of 32 pixels start at these input coordinates (W first, then the image).
+            int start[1][4];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 1) * 32 + box * 32;
+                const idx_t n = ((col) / 4096);
+                const idx_t o0 = ((((col) / 256)) % 16);
+                const idx_t o1 = ((((col) / 16)) % 16);
+                const idx_t o2 = ((col) % 16);
+                start[box][0] = (int)(2*o2 - 1);
+                start[box][1] = (int)(2*o1 - 1);
+                start[box][2] = (int)(2*o0 - 1);
+                start[box][3] = (int)n;
+            }
             for (int k = 0; k < 54; ++k) {
                 const int kk = k / 2;
                 const int c0 = (k % 2) * 32;
                 convgen_barrier_wait(&empty[stage], phase ^ 1u);
                 convgen_barrier_expect(&full[stage], 20480);
-                convgen_im2col_copy(a_tiles + stage * 1024, &x_map, &full[stage], c0, (int)(2*o2 - 1), (int)(2*o1 - 1), (int)(2*o0 - 1), (int)n, (unsigned short)(((kk) % 3)), (unsigned short)(((((kk) / 3)) % 3)), (unsigned short)(((kk) / 9)));
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 1024 + box * 1024, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], start[box][3], (unsigned short)(((kk) % 3)), (unsigned short)(((((kk) / 3)) % 3)), (unsigned short)(((kk) / 9)));
                 convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
                 if (++stage == 6) {
                     stage = 0;
@@ -142,7 +153,6 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
         }
         return;
     }
-
     // Consumer warp (warp % 1, warp / 1) owns 32 pixels x 64 channels; lane (lane / 8, lane % 8) owns
     // pixels lane/8 + 4i (i < 8) and channels 4*(lane % 8) + 32j + (0..3) (j < 2).
     const int lane_m = lane / 8;
