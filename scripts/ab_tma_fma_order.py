@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 ORDER_START = "                // Serpentine order"
-ORDER_END = "            }\n            __syncwarp();"
+ORDER_END = "{%- else %}\n                // Rows outermost, so that a row's A float4"
 
 A_VALUE = "const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;"
 B_VALUE = ["const float4 group = b[q][j / 4];",
