@@ -206,6 +206,20 @@ def test_gemm_seeds_are_wide_micro_tiles_inside_the_space(family, layer, inside)
     assert all(get_family(family).tiles_type.from_dict(c).threads == 128 for c in seeds)
 
 
+def test_channels_last_space_holds_both_tma_micro_tiles_and_the_tma_seed():
+    """The tuner can reach the 8x8 and the 16x8 TMA kernels (with the 512-pixel, two-box tiles),
+    and the TMA heuristic it seeds with lies in the space."""
+    from codegen.bench import layer_spec, load_shapes
+
+    shape = next(l for l in load_shapes()["conv2d_mec"] if l["name"] == "conv8")
+    spec = layer_spec(shape, "NHWC", shape["N"])
+    fam = get_family("implicit_gemm")
+    tma = [c for c in fam.tuning_space(spec) if c["tma"]]
+    assert {c["thread_m"] for c in tma} == {8, 16} and any(c["block_m"] == 512 for c in tma)
+    members = {json.dumps(c, sort_keys=True) for c in tma}
+    assert json.dumps(fam.tma_tiles(spec).to_dict(), sort_keys=True) in members
+
+
 def test_neighbours_change_one_parameter_by_one_step():
     space = _fake_space(4)
     assert sorted(map(json.dumps, tune.neighbours({"a": 1, "b": 0}, space))) == sorted(

@@ -171,7 +171,7 @@ TMA_REGISTER_SPLIT = (40, 232)
 """``setmaxnreg`` counts of the producer warpgroup and the consumers: per scheduler one producer
 warp at 40 and two consumer warps at 232 fit the 512 registers a lane that 3 warps at 168 held.
 A 16-row micro-tile needs them (128 accumulators; about 205 registers), and the 8x8 kernel of 8
-consumer warps ran 1.7-3.6 % faster with them (docs/perf.md, GEMM v15)."""
+consumer warps ran 0.2-3.6 % faster with them (docs/perf.md, GEMM v15)."""
 
 
 TMA_ALIGNMENT = 1024

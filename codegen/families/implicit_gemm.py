@@ -106,8 +106,9 @@ class ImplicitGemm(Family):
         return gemm.GemmTiles.from_dict({**base.to_dict(), **requested})
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        """The GEMM core's space, plus the TMA kernel's tiles (block_m 64-256, block_n 64-256 but
-        no wider than the channels need, 3-6 stages that fit) where the spec suits it."""
+        """The GEMM core's space, plus the TMA kernel's tiles (8x8 and 16x8 micro-tiles, block_m
+        64-512, block_n 64-256 but no wider than the channels need, 3-6 stages that fit) where the
+        spec suits it."""
         return gemm.tuning_space(spec, image_vector_ok(spec)) + self._tma_space(spec)
 
     def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
@@ -118,18 +119,19 @@ class ImplicitGemm(Family):
     def _tma_space(self, spec: ConvSpec) -> list[dict]:
         if not tma_suits(spec):
             return []
-        base = self.tma_tiles(spec).to_dict()
         widest = max(64, -(-spec.k // 64) * 64)
         space = []
-        for block_m in (64, 128, 256):
-            for block_n in (b for b in (64, 128, 256) if b <= widest):
-                for stages in (3, 4, 5, 6):
-                    tiles = gemm.GemmTiles(**{**base, "block_m": block_m, "block_n": block_n, "stages": stages})
-                    try:
-                        gemm.check_geometry(tiles)
-                    except SpecError:
-                        continue
-                    space.append(tiles.to_dict())
+        for thread_m in gemm.TMA_THREAD_ROWS:
+            base = self.tma_tiles(spec, thread_m).to_dict()
+            for block_m in (64, 128, 256, 512):
+                for block_n in (b for b in (64, 128, 256) if b <= widest):
+                    for stages in (3, 4, 5, 6):
+                        tiles = gemm.GemmTiles(**{**base, "block_m": block_m, "block_n": block_n, "stages": stages})
+                        try:
+                            gemm.check_geometry(tiles)
+                        except SpecError:
+                            continue
+                        space.append(tiles.to_dict())
         return space
 
     def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
