@@ -321,21 +321,23 @@ def im2col_walk(tensor_map, coords: tuple[int, ...], offsets: tuple[int, ...], c
 
 
 def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The TMA implicit GEMM's plan run on the CPU, tile by tile and slice by slice: the filter is
-    transposed into its workspace by the printed source and destination offsets (NaN where
-    nothing is written), each slice's A and B tiles are gathered through the tensor maps' dims,
-    byte strides, corners and traversal strides (zeros outside a tensor) at the coordinates the
-    producer computes (from the expressions it prints), and the tile's rows and channels that lie
-    inside the output are stored (NaN where nothing is).
+    """The TMA implicit GEMM's plan run on the CPU, block by block over its data-parallel tiles
+    and its stream-K span of (tile, slice) steps: the filter is transposed into its workspace by the printed source
+    and destination offsets (NaN where nothing is written), the tiles that blocks share are zeroed,
+    each slice's A and B tiles are gathered through the tensor maps' dims, byte strides, corners
+    and traversal strides (zeros outside a tensor) at the coordinates the producer computes (from
+    the expressions it prints), and the tile's rows and channels that lie inside the output are
+    stored, or added where the tile is shared (NaN where nothing is written).
     The hardware's share is taken from its documentation (``im2col_walk``); the GPU tests check
     that reading of it."""
     from codegen.families import get_family
+    from codegen.families.implicit_gemm import shared_tiles, stream_k_span
 
     family = get_family("implicit_gemm")
     tiles = family.complete_tiles(spec, {**(tiles if isinstance(tiles, dict) else tiles.to_dict()), "tma": True})
     plan = family.plan(spec, tiles)
     context = plan.context
-    x_map, w_map = plan.launches[1].tensor_maps
+    x_map, w_map = plan.launches[-1].tensor_maps
     alg = IndexAlgebra(spec)
     transpose = index.transposed_filter_terms(alg)
     im2col = index.im2col_map_terms(alg)["exprs"]
@@ -358,29 +360,57 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     assert not context["vector_store"] or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
     y = np.full(gemm_m * gemm_n, np.nan)
     names = ["n", *(f"o{j}" for j in range(spec.dims))]
-    for tile in range(context["tiles_total"]):
-        col = tile // context["n_tiles"] * bm
-        n_tile = tile % context["n_tiles"] * bn
-        starts = []
-        for box in range(context["boxes"]):
-            pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
-                     for name, expr in zip(names, alg.col_coords)}
-            starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
-        acc = np.zeros((bm, bn))
-        for k in range(context["taps"] * context["c_chunks"]):
-            kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
-            offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
-            walk = np.array([pixel for start in starts
-                             for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
-            channels = c0 + np.arange(bk)[None, :]
-            a = read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
-            b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
-            acc += a @ b
-        for i in range(bm):
-            m = col + i
-            if m < gemm_m:
-                stored = range(n_tile, min(n_tile + bn, gemm_n))
-                y[m * gemm_n + stored.start:m * gemm_n + stored.stop] = acc[i, :len(stored)]
+    slices = context["slices"]
+
+    def tile_rows(tile: int):
+        """(flat output slice, tile row) of each of the tile's rows and channels inside the output."""
+        col, n_tile = tile // context["n_tiles"] * bm, tile % context["n_tiles"] * bn
+        stored = range(n_tile, min(n_tile + bn, gemm_n))
+        return [(slice((col + i) * gemm_n + stored.start, (col + i) * gemm_n + stored.stop), i, len(stored))
+                for i in range(bm) if col + i < gemm_m]
+
+    blocks = context["grid_blocks"]
+    for tile in shared_tiles(context["tiles_total"], slices, blocks) if context["stream_k"] else ():  # the zeroing launch
+        for flat, _, _ in tile_rows(tile):
+            y[flat] = 0.0
+
+    def work(block: int):
+        """(tile, first slice, end slice) in the order the block takes them."""
+        if not context["stream_k"]:
+            yield from ((tile, 0, slices) for tile in range(block, context["tiles_total"], blocks))
+            return
+        for round_ in range(context["dp_rounds"]):
+            yield block + round_ * blocks, 0, slices
+        step, end = stream_k_span(block, context["tiles_total"], slices, blocks)
+        while step < end:
+            tile = step // slices
+            k_first = step - tile * slices
+            k_last = min(slices, k_first + end - step)
+            step += k_last - k_first
+            yield tile, k_first, k_last
+
+    for block in range(blocks):
+        for tile, k_first, k_last in work(block):
+            col = tile // context["n_tiles"] * bm
+            n_tile = tile % context["n_tiles"] * bn
+            starts = []
+            for box in range(context["boxes"]):
+                pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
+                         for name, expr in zip(names, alg.col_coords)}
+                starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
+            acc = np.zeros((bm, bn))
+            for k in range(k_first, k_last):
+                kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
+                offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
+                walk = np.array([pixel for start in starts
+                                 for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
+                channels = c0 + np.arange(bk)[None, :]
+                a = read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
+                b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
+                acc += a @ b
+            whole = k_first == 0 and k_last == slices
+            for flat, i, count in tile_rows(tile):
+                y[flat] = acc[i, :count] if whole else y[flat] + acc[i, :count]
     return y.reshape(alg.output_shape)
 
 

@@ -420,7 +420,8 @@ def test_tma_implicit_gemm_on_edge_shapes():
     padding and dilation, stride 8 and wide padding (corners far from 0), and a grid with more
     tiles than blocks (the persistent loop carries the ring's stages and phases across tiles);
     each with the heuristic's tiles and with 512-pixel tiles of 16-row micro-tiles (two im2col
-    boxes, the producer warpgroup's setmaxnreg)."""
+    boxes, the producer warpgroup's setmaxnreg); and 137 tiles for 132 blocks, whose stream-K
+    spans share tiles (zeroed, then summed with atomic adds)."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -435,6 +436,8 @@ def test_tma_implicit_gemm_on_edge_shapes():
     for spec in edge:
         _assert_conv_matches("implicit_gemm", spec, {"tma": True}, 0)
         _assert_conv_matches("implicit_gemm", spec, two_boxes, 0)
+    shared = ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
+    _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
 
 
 def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():

@@ -338,6 +338,46 @@ def test_tma_implicit_gemm_algebra(spec, drawn, seed):
     assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
 
 
+def test_stream_k_tail_covers_every_step_once_in_near_equal_shares():
+    """Data-parallel rounds (tile = block + round * blocks) then the tail in equal step spans:
+    together every (tile, slice) step once; a tile is shared exactly when two blocks' work meets
+    inside it."""
+    from codegen.families.implicit_gemm import data_parallel_rounds, shared_tiles, stream_k_span
+
+    for tiles, slices, blocks in ((2971, 98, 132), (137, 9, 132), (264, 9, 132), (7, 5, 7), (200, 27, 132),
+                                  (6050, 18, 132)):
+        rounds = data_parallel_rounds(tiles, blocks)
+        spans = [stream_k_span(b, tiles, slices, blocks) for b in range(blocks)]
+        covered = sorted([step for b in range(blocks) for r in range(rounds)
+                          for step in range((b + r * blocks) * slices, (b + r * blocks + 1) * slices)]
+                         + [step for begin, end in spans for step in range(begin, end)])
+        assert covered == list(range(tiles * slices))
+        assert max(e - b for b, e in spans) - min(e - b for b, e in spans) <= 1
+        assert tiles - rounds * blocks < 2 * blocks
+        shared = shared_tiles(tiles, slices, blocks)
+        assert shared == {t for t in range(tiles)
+                          if sum(b < (t + 1) * slices and e > t * slices for b, e in spans) > 1}
+    assert not shared_tiles(264, 9, 132) and not shared_tiles(7, 5, 7)   # whole rounds: none shared
+
+
+def test_tma_stream_k_sums_shared_tiles_on_the_cpu():
+    """137 tiles of 256x64 for 132 blocks (one a SM): blocks share tiles, which the model zeroes
+    first and sums; against the slicing reference (a wrong span, a missed zeroing or a store
+    instead of an add fails)."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
+    tiles = {"block_m": 256, "block_n": 64, "stages": 3}
+    family = get_family("implicit_gemm")
+    context = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context
+    assert context["tiles_total"] == 137 and context["grid_blocks"] == 132
+    assert context["stream_k"] and context["split_tiles"] > 0
+    x, w = family.make_inputs(spec, np.random.default_rng(7))
+    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+
+
 def test_im2col_walk_wraps_rows_and_images_inside_the_corners():
     """A 2 x 3 output grid of a 4 x 5 image (filter 2 x 3, padding (0, 1), stride (2, 2)): the walk
     from pixel (n 0, h 0, w -1) visits w -1, 1, 3 then wraps to the next output row (h 2), then to

@@ -224,7 +224,8 @@ def test_tma_implicit_gemm_refusals_name_the_field_and_what_is_allowed():
 
 def test_tma_implicit_gemm_plan_transposes_the_filter_then_passes_two_tensor_maps():
     """conv8 in NHWC: the filter transposed into a 9 x 64 x 128 workspace, then one persistent
-    block per SM of 8 consumer warps and a producer, given the image as an im2col map (channels
+    block per SM of 8 consumer warps (16x8 micro-tiles, 256x128 tiles) and a producer warpgroup
+    that hands its registers to them (sm_90a), given the image as an im2col map (channels
     innermost, 128-byte swizzle, corners -p and p - d*(f-1), traversal strides from the stride)
     and the workspace as a tiled map read in 128 x 32 boxes."""
     spec = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3)
@@ -232,14 +233,15 @@ def test_tma_implicit_gemm_plan_transposes_the_filter_then_passes_two_tensor_map
     transpose, main = kernel_plan.launches
     x_map, w_map = main.tensor_maps
     assert transpose.args == ("w", "wt") and transpose.grid == (-(-9 * 64 * 128 // 256), 1, 1)
-    assert (main.grid, main.block, main.args) == ((132, 1, 1), (288, 1, 1), ("y",))
+    assert (main.grid, main.block, main.args) == ((132, 1, 1), (384, 1, 1), ("y",))
     assert kernel_plan.workspace_bytes == 9 * 64 * 128 * 4 and kernel_plan.min_arch == 90
-    assert (x_map.dims, x_map.strides, x_map.box) == ((64, 112, 112, 128), (256, 256 * 112, 256 * 112 * 112), (32, 128))
+    assert kernel_plan.compile_arch("sm_90") == "sm_90a"
+    assert (x_map.dims, x_map.strides, x_map.box) == ((64, 112, 112, 128), (256, 256 * 112, 256 * 112 * 112), (32, 256))
     assert (x_map.corners, x_map.element_strides, x_map.swizzle) == (((0, 0), (-2, -2)), (1, 1, 1, 1), 128)
     assert (w_map.buffer, w_map.dims, w_map.strides, w_map.box) == ("wt", (128, 64, 9), (512, 512 * 64), (128, 32, 1))
     strided = ConvSpec(dims=3, layout="NDHWC", n=2, c=36, k=40, input_size=(5, 7, 9), filter_size=(2, 3, 3),
                        stride=(1, 2, 1), padding=(0, 1, 1), dilation=(2, 1, 1), dpitch=40)
-    x_map, w_map = plan("implicit_gemm", strided, {"tma": True}).launches[1].tensor_maps
+    x_map, w_map = plan("implicit_gemm", strided, {"tma": True}).launches[-1].tensor_maps
     assert x_map.dims == (36, 9, 7, 5, 2) and x_map.strides == (160, 160 * 9, 160 * 63, 160 * 315)
     assert x_map.corners == ((-1, -1, 0), (-1, -1, -2)) and x_map.element_strides == (1, 1, 2, 1, 1)
     assert w_map.dims == (40, 36, 18) and w_map.strides == (160, 160 * 36)

@@ -39,6 +39,9 @@ TMA_MIN_TILES_PER_SM = 4
 """Below this many tiles per SM the persistent TMA kernel, which has no split-K, lost to the
 cp.async kernel's split-K tiles (conv11 0.96x at 2.2 tiles per SM, conv12 0.78x, unet3d_down
 0.62x; conv6 1.03x at 3.0)."""
+TMA_MIN_STREAM_K_TILES_PER_SM = 2
+"""With stream-K the TMA kernel beat the cp.async kernel down to 2.2 tiles per SM (conv11 45.3
+against 36.4 TFLOP/s) but not at 1.5 (conv12 24.7 against 26.5)."""
 TRANSPOSE_THREADS = 256
 
 
@@ -60,15 +63,16 @@ class ImplicitGemm(Family):
     def heuristic_tiles(self, spec: ConvSpec, arch: str) -> gemm.GemmTiles:
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
         full (K a multiple of 64, or K = 32, where the compiler drops a 64-wide tile's idle half)
-        and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM; the portable cp.async kernel
-        otherwise.  Measured on the H100 (docs/perf.md, GEMM v14): 1.09-1.76x the cp.async kernel
-        on the eight channels-last layers this takes, 0.62-1.03x on the four it turns away."""
+        and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM, or ``TMA_MIN_STREAM_K_TILES_PER_SM``
+        where it shares out its tail (stream-K); the portable cp.async kernel otherwise.  Measured
+        on the H100 (docs/perf.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
+        channels-last layers this takes, 0.62-0.93x on the two it turns away."""
         if compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
-        gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
-        enough = gemm.tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n) >= TMA_MIN_TILES_PER_SM * SM_COUNT_HINT
-        return tiles if enough else self.default_tiles(spec)
+        context = self._tma_plan(spec, tiles).context
+        least = TMA_MIN_STREAM_K_TILES_PER_SM if context["stream_k"] else TMA_MIN_TILES_PER_SM
+        return tiles if context["tiles_total"] >= least * SM_COUNT_HINT else self.default_tiles(spec)
 
     def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
         """The TMA kernel's tiles (docs/perf.md, GEMM v11 and v15), 128 output channels wide above
@@ -174,17 +178,24 @@ class ImplicitGemm(Family):
         x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
                           corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
         w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
+        slices = alg.taps * -(-spec.c // block_k)
+        blocks = min(m_tiles * n_tiles, SM_COUNT_HINT * resident)
+        stream_k = takes_stream_k(tiles, m_tiles * n_tiles, blocks)
+        split = shared_tiles(m_tiles * n_tiles, slices, blocks) if stream_k else set()
+        rounds = data_parallel_rounds(m_tiles * n_tiles, blocks)
         launches = (
             Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
                    (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
-            Launch(name, (min(m_tiles * n_tiles, SM_COUNT_HINT * resident), 1, 1), (tiles.threads, 1, 1), shared,
-                   args=("y",), tensor_maps=(x_map, w_map)),
+            *((Launch(f"{name}_zero", (blocks - 1, 1, 1), (TRANSPOSE_THREADS, 1, 1), args=("y",)),) if split else ()),
+            Launch(name, (blocks, 1, 1), (tiles.threads, 1, 1), shared, args=("y",), tensor_maps=(x_map, w_map)),
         )
         vector_store = gemm_n % 4 == 0
-        context = index.template_context(alg, max(launches[1].threads, m_tiles * tiles.block_m), column_matrix=False)
+        context = index.template_context(alg, max(launches[-1].threads, m_tiles * tiles.block_m), column_matrix=False)
         context.update(convolution_selftest_context(alg))
         context.update(
-            tma=True, kernel=name, transpose_kernel=f"{name}_filter", variant="tma",
+            tma=True, kernel=name, transpose_kernel=f"{name}_filter", zero_kernel=f"{name}_zero", variant="tma",
+            slices=slices, grid_blocks=blocks, split_tiles=len(split), stream_k=stream_k,
+            dp_rounds=rounds, dp_steps=rounds * blocks * slices, tail_steps=(m_tiles * n_tiles - rounds * blocks) * slices,
             BM=tiles.block_m, BN=tiles.block_n, BK=block_k, TM=tiles.thread_m, WM=tiles.warp_m, box_m=box_m,
             boxes=tiles.block_m // box_m, stages=tiles.stages, threads=tiles.threads,
             warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,
@@ -204,6 +215,50 @@ class ImplicitGemm(Family):
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
         return convolution_reference(spec, x, w)
+
+
+STREAM_K_MIN_LOSS = 0.05
+"""Share of the last round's block-time that idle blocks must waste before the TMA kernel shares
+out its tail in steps (stream-K); the stream-K code itself cost 2-3 % where the tail was full
+(c3d_conv3, unet3d_l1: docs/perf.md, GEMM v15)."""
+
+
+def round_loss(tiles: int, blocks: int) -> float:
+    """The share of block-time idle when ``blocks`` persistent blocks take ``tiles`` whole tiles."""
+    return 1.0 - tiles / (blocks * -(-tiles // blocks))
+
+
+def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
+    """Stream-K for 8x8 micro-tiles whose last round leaves more than ``STREAM_K_MIN_LOSS`` idle.
+    Measured on the H100 (GEMM v15): conv5 42.9 -> 46.8 TFLOP/s, conv10 41.7 -> 45.8, conv11
+    35.2 -> 45.3, conv6 37.0 -> 45.7; the 16x8 kernels ran 6-9 % slower with it even where the
+    tail was small (the cause was not found), so they never take it."""
+    return tiles.thread_m == 8 and round_loss(count, blocks) > STREAM_K_MIN_LOSS
+
+
+def data_parallel_rounds(tiles: int, blocks: int) -> int:
+    """Rounds of whole tiles each block takes (tile = block + round * blocks) before the stream-K
+    tail: all of them when the tiles fill every round, else all but the last full one, so that
+    the tail (the partly filled wave plus one full wave) is shared out in equal steps, as
+    CUTLASS's data-parallel + stream-K hybrid does.  Pure stream-K over every tile ran the large
+    layers 8 % slower on the H100 (blocks far apart in the image share less of L2)."""
+    if tiles % blocks == 0:
+        return tiles // blocks
+    return max(0, tiles // blocks - 1)
+
+
+def stream_k_span(block: int, tiles: int, slices: int, blocks: int) -> tuple[int, int]:
+    """The (tile, slice) steps [begin, end) of the stream-K tail that persistent block ``block``
+    of ``blocks`` takes: equal shares in order, after the data-parallel rounds."""
+    first = data_parallel_rounds(tiles, blocks) * blocks * slices
+    tail = tiles * slices - first
+    return first + block * tail // blocks, first + (block + 1) * tail // blocks
+
+
+def shared_tiles(tiles: int, slices: int, blocks: int) -> set[int]:
+    """Tiles whose slices two or more blocks share: those with a block's first tail step inside them."""
+    begins = (stream_k_span(block, tiles, slices, blocks)[0] for block in range(1, blocks))
+    return {begin // slices for begin in begins if begin % slices}
 
 
 def tma_suits(spec: ConvSpec) -> bool:

@@ -3,6 +3,7 @@
 //   tiles: block_m=64 block_n=128 block_k=32 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=6 async_copy=True vector_load=True vector_smem=True precomp=False split_k=1 tma=True
 //   index type: int (largest index 3211263)
 //   launch convgen_implicit_gemm_tma_9452440b66_filter: grid (9216, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_tma_9452440b66_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_9452440b66: grid (132, 1, 1) block (160, 1, 1) shared 148576 B
 //   buffers: in x[128][7][7][512], in w[512][3][3][512], out y[128][5][5][512], workspace wt[9][512][512]
 
@@ -85,9 +86,47 @@ convgen_implicit_gemm_tma_9452440b66_filter(const float* __restrict__ w, float* 
     wt[((t) % 512) + 512*(((((t) / 512)) % 512)) + 262144*((t) / 262144)] = w[4608*(((t) % 512)) + ((((t) / 512)) % 512) + 512*((t) / 262144)];
 }
 
+// Zero the tiles whose slices two blocks share (the tile holding each block's first tail step, where that is not
+// a tile's first slice): the main kernel adds into them.
+extern "C" __global__ void __launch_bounds__(256)
+convgen_implicit_gemm_tma_9452440b66_zero(float* __restrict__ y)
+{
+    const long long step = 0LL + (long long)(blockIdx.x + 1) * 28800LL / 132;
+    if (step % 144 == 0) return;
+    const int tile = (int)(step / 144);
+    const idx_t m_tile = (idx_t)(tile / 4) * 64;
+    const int n_tile = (tile % 4) * 128;
+    for (int e = threadIdx.x; e < 8192; e += blockDim.x) {
+        const idx_t m_index = m_tile + e / 128;
+        const int oc = n_tile + e % 128;
+        if (m_index < 3200 && oc < 512) y[m_index * 512 + oc] = 0.0f;
+    }
+}
+
+// The next piece of work of this block: slices [k_first, k_last) of `tile`; false when there is none.  `round`
+// counts the data-parallel tiles taken, `step` walks the block's tail span up to `span_end`.
+static __device__ __forceinline__ bool convgen_implicit_gemm_tma_9452440b66_next(int& round, int& step, int span_end, int& tile, int& k_first, int& k_last)
+{
+    if (round < 0) {
+        tile = blockIdx.x + round++ * 132;
+        k_first = 0;
+        k_last = 144;
+        return true;
+    }
+    if (step >= span_end) return false;
+    tile = step / 144;
+    k_first = step - tile * 144;
+    k_last = min(144, k_first + span_end - step);
+    step += k_last - k_first;
+    return true;
+}
+
 // Implicit GEMM y[3200 x 512] = A[3200 x 4608] * B[4608 x 512] fed by the tensor memory accelerator (sm_90).
-// Persistent blocks walk the 200 CTA tiles of 64x128, output-channel tiles fastest; a tile's K runs over
-// 9 filter tap(s) x 16 slice(s) of 32 channels.  For each slice the producer thread issues two TMA
+// The 200 CTA tiles of 64x128 (output-channel tiles fastest) have 144 k-slices each: 9 filter tap(s) x
+// 16 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 0 whole tile(s) (tile =
+// block + round * 132), then an equal share of the tail's 28800 (tile, slice) steps in order (stream-K), so that no
+// block waits on a last, partly filled wave of tiles; a tile whose slices two blocks share (128 here) was zeroed
+// by the launch before and is summed with atomic adds, the others are stored.  For each slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (64 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x128 box of the transposed filter.  4
@@ -114,13 +153,17 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
         convgen_barrier_init_fence();
     }
     __syncthreads();
+    // This block's tail steps [span_begin, span_end); producer and consumers walk the same work.
+    const int span_begin = (int)(0LL + (long long)blockIdx.x * 28800LL / 132);
+    const int span_end = (int)(0LL + (long long)(blockIdx.x + 1) * 28800LL / 132);
+    int round = 0, step = span_begin, tile, k_first, k_last;
 
     if (warp >= 4) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         if (warp != 4 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 200; tile += gridDim.x) {
+        while (convgen_implicit_gemm_tma_9452440b66_next(round, step, span_end, tile, k_first, k_last)) {
             const int n_tile = (tile % 4) * 128;
             // The A tile's 1 im2col box(es) of 64 pixels start at these input coordinates (W first, then the image).
             int start[1][3];
@@ -134,7 +177,7 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
                 start[box][1] = (int)(o0);
                 start[box][2] = (int)n;
             }
-            for (int k = 0; k < 144; ++k) {
+            for (int k = k_first; k < k_last; ++k) {
                 const int kk = k / 16;
                 const int c0 = (k % 16) * 32;
                 convgen_barrier_wait(&empty[stage], phase ^ 1u);
@@ -164,13 +207,13 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
     float acc[8][8];
     int stage = 0;
     unsigned phase = 0;
-    for (int tile = blockIdx.x; tile < 200; tile += gridDim.x) {
+    while (convgen_implicit_gemm_tma_9452440b66_next(round, step, span_end, tile, k_first, k_last)) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
-        for (int k = 0; k < 144; ++k) {
+        for (int k = k_first; k < k_last; ++k) {
             convgen_barrier_wait(&full[stage], phase);
             const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 2048) + a_row0;
             const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 4096) + b_col0;
@@ -214,6 +257,8 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
             }
         }
         // Epilogue straight from registers: the output is (pixels, 512) row-major in channels-last layouts.
+        // A tile shared with another block is added, not stored.
+        const bool whole = k_first == 0 && k_last == 144;
         const idx_t m_tile = (idx_t)(tile / 4) * 64;
         const int n_first = (tile % 4) * 128 + warp_n * 64 + lane_n * 4;
 #pragma unroll
@@ -224,8 +269,12 @@ convgen_implicit_gemm_tma_9452440b66(const __grid_constant__ convgen_tensor_map 
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int oc = n_first + 32 * j;
-                if (oc < 512)
+                if (oc < 512 && whole)
                     *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                else if (oc < 512) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) atomicAdd(out + oc + e, acc[i][4 * j + e]);
+                }
             }
         }
     }
@@ -320,6 +369,7 @@ extern "C" cudaError_t convgen_implicit_gemm_conv12_nhwc_tma(const float* x, con
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_9452440b66, cudaFuncAttributeMaxDynamicSharedMemorySize, 148576);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_tma_9452440b66_filter<<<dim3(9216, 1, 1), dim3(256, 1, 1), 0, stream>>>(w, wt);
+    convgen_implicit_gemm_tma_9452440b66_zero<<<dim3(131, 1, 1), dim3(256, 1, 1), 0, stream>>>(y);
     convgen_implicit_gemm_tma_9452440b66<<<dim3(132, 1, 1), dim3(160, 1, 1), 148576, stream>>>(x_map, wt_map, y);
     return cudaGetLastError();
 }

@@ -87,8 +87,9 @@ convgen_implicit_gemm_tma_fdd3e206b2_filter(const float* __restrict__ w, float* 
 }
 
 // Implicit GEMM y[1548800 x 128] = A[1548800 x 576] * B[576 x 128] fed by the tensor memory accelerator (sm_90).
-// Persistent blocks walk the 6050 CTA tiles of 256x128, output-channel tiles fastest; a tile's K runs over
-// 9 filter tap(s) x 2 slice(s) of 32 channels.  For each slice the producer thread issues two TMA
+// The 6050 CTA tiles of 256x128 (output-channel tiles fastest) have 18 k-slices each: 9 filter tap(s) x
+// 2 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
+// slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (256 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x128 box of the transposed filter.  8

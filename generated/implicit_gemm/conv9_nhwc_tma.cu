@@ -87,8 +87,9 @@ convgen_implicit_gemm_tma_e6fd52c872_filter(const float* __restrict__ w, float* 
 }
 
 // Implicit GEMM y[373248 x 64] = A[373248 x 576] * B[576 x 64] fed by the tensor memory accelerator (sm_90).
-// Persistent blocks walk the 729 CTA tiles of 512x64, output-channel tiles fastest; a tile's K runs over
-// 9 filter tap(s) x 2 slice(s) of 32 channels.  For each slice the producer thread issues two TMA
+// The 729 CTA tiles of 512x64 (output-channel tiles fastest) have 18 k-slices each: 9 filter tap(s) x
+// 2 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
+// slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (512 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x64 box of the transposed filter.  8

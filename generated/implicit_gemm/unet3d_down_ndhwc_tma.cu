@@ -86,8 +86,9 @@ convgen_implicit_gemm_tma_78e97168fc_filter(const float* __restrict__ w, float* 
 }
 
 // Implicit GEMM y[8192 x 128] = A[8192 x 1728] * B[1728 x 128] fed by the tensor memory accelerator (sm_90).
-// Persistent blocks walk the 256 CTA tiles of 32x128, output-channel tiles fastest; a tile's K runs over
-// 27 filter tap(s) x 2 slice(s) of 32 channels.  For each slice the producer thread issues two TMA
+// The 256 CTA tiles of 32x128 (output-channel tiles fastest) have 54 k-slices each: 27 filter tap(s) x
+// 2 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
+// slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (32 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x128 box of the transposed filter.  2

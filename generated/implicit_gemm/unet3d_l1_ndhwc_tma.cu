@@ -87,8 +87,9 @@ convgen_implicit_gemm_tma_163ef037ef_filter(const float* __restrict__ w, float* 
 }
 
 // Implicit GEMM y[524288 x 32] = A[524288 x 864] * B[864 x 32] fed by the tensor memory accelerator (sm_90).
-// Persistent blocks walk the 2048 CTA tiles of 256x64, output-channel tiles fastest; a tile's K runs over
-// 27 filter tap(s) x 1 slice(s) of 32 channels.  For each slice the producer thread issues two TMA
+// The 2048 CTA tiles of 256x64 (output-channel tiles fastest) have 27 k-slices each: 27 filter tap(s) x
+// 1 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
+// slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (256 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x64 box of the transposed filter.  8
