@@ -321,13 +321,13 @@ def im2col_walk(tensor_map, coords: tuple[int, ...], offsets: tuple[int, ...], c
 
 
 def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The TMA implicit GEMM's plan run on the CPU, block by block over its data-parallel tiles
-    and its stream-K span of (tile, slice) steps: the filter is transposed into its workspace by the printed source
-    and destination offsets (NaN where nothing is written), the tiles that blocks share are zeroed,
-    each slice's A and B tiles are gathered through the tensor maps' dims, byte strides, corners
-    and traversal strides (zeros outside a tensor) at the coordinates the producer computes (from
-    the expressions it prints), and the tile's rows and channels that lie inside the output are
-    stored, or added where the tile is shared (NaN where nothing is written).
+    """The TMA implicit GEMM's plan run on the CPU, block by block over its whole tiles and, with
+    stream-K, its span of (tile, slice) steps: the filter is transposed into its workspace by the
+    printed source and destination offsets (NaN where nothing is written), the tiles that blocks
+    share are zeroed, each slice's A and B tiles are gathered through the tensor maps' dims, byte
+    strides, corners and traversal strides (zeros outside a tensor) at the coordinates the producer
+    computes (from the expressions it prints), and the tile's rows and channels that lie inside the
+    output are stored, or added where the tile is shared (NaN where nothing is written).
     The hardware's share is taken from its documentation (``im2col_walk``); the GPU tests check
     that reading of it."""
     from codegen.families import get_family
@@ -363,7 +363,7 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     slices = context["slices"]
 
     def tile_rows(tile: int):
-        """(flat output slice, tile row) of each of the tile's rows and channels inside the output."""
+        """(flat output slice, tile row, channel count) of each of the tile's rows inside the output."""
         col, n_tile = tile // context["n_tiles"] * bm, tile % context["n_tiles"] * bn
         stored = range(n_tile, min(n_tile + bn, gemm_n))
         return [(slice((col + i) * gemm_n + stored.start, (col + i) * gemm_n + stored.stop), i, len(stored))

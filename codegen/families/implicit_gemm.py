@@ -14,7 +14,9 @@ persistent blocks whose producer thread loads each k-slice, one filter tap by 32
 two TMA copies (A through the im2col mode, which walks the tile's pixels across rows and images
 and reads zeros for padding; B as a box of the filter, transposed per call into a taps x C x K
 workspace so that B fragments run along output channels), on a ring of mbarrier stages that
-consumer warps drain with only shared loads and FMAs.
+consumer warps drain with only shared loads and FMAs.  Micro-tiles of 8x8 or 16x8 (v15: the
+producer becomes a warpgroup that hands its registers to the consumers, sm_90a), and for 8x8
+kernels with a ragged last round of tiles a stream-K tail (``takes_stream_k``).
 """
 from __future__ import annotations
 
@@ -230,9 +232,9 @@ def round_loss(tiles: int, blocks: int) -> float:
 
 def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
     """Stream-K for 8x8 micro-tiles whose last round leaves more than ``STREAM_K_MIN_LOSS`` idle.
-    Measured on the H100 (GEMM v15): conv5 42.9 -> 46.8 TFLOP/s, conv10 41.7 -> 45.8, conv11
-    35.2 -> 45.3, conv6 37.0 -> 45.7; the 16x8 kernels ran 6-9 % slower with it even where the
-    tail was small (the cause was not found), so they never take it."""
+    Measured on the H100 (docs/perf.md, GEMM v15): conv5 42.9 -> 47.1 TFLOP/s, conv6 37.0 ->
+    46.0, conv10 41.7 -> 45.8, conv11 35.2 -> 45.6; the 16x8 kernels ran 6-9 % slower with it
+    even where the tail was small (the cause was not found), so they never take it."""
     return tiles.thread_m == 8 and round_loss(count, blocks) > STREAM_K_MIN_LOSS
 
 
@@ -240,8 +242,8 @@ def data_parallel_rounds(tiles: int, blocks: int) -> int:
     """Rounds of whole tiles each block takes (tile = block + round * blocks) before the stream-K
     tail: all of them when the tiles fill every round, else all but the last full one, so that
     the tail (the partly filled wave plus one full wave) is shared out in equal steps, as
-    CUTLASS's data-parallel + stream-K hybrid does.  Pure stream-K over every tile ran the large
-    layers 8 % slower on the H100 (blocks far apart in the image share less of L2)."""
+    CUTLASS's data-parallel + stream-K hybrid does (stream-K over every tile measured about the
+    same: docs/perf.md, GEMM v15)."""
     if tiles % blocks == 0:
         return tiles // blocks
     return max(0, tiles // blocks - 1)
