@@ -72,9 +72,9 @@ class ImplicitGemm(Family):
         if compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
-        context = self._tma_plan(spec, tiles).context
-        least = TMA_MIN_STREAM_K_TILES_PER_SM if context["stream_k"] else TMA_MIN_TILES_PER_SM
-        return tiles if context["tiles_total"] >= least * SM_COUNT_HINT else self.default_tiles(spec)
+        count, blocks = self._tma_grid(spec, tiles)
+        least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
+        return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
 
     def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
         """The TMA kernel's tiles (docs/perf.md, GEMM v11 and v15), 128 output channels wide above
@@ -161,9 +161,16 @@ class ImplicitGemm(Family):
                    Buffer("y", alg.output_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1)
 
+    def _tma_grid(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> tuple[int, int]:
+        """The TMA kernel's CTA tiles and its persistent blocks: every SM times the blocks that fit
+        on one, or fewer when there are fewer tiles."""
+        gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
+        count = gemm.tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n)
+        return count, min(count, SM_COUNT_HINT * tma_resident_blocks(tiles))
+
     def _tma_plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
-        """Two launches: the filter transposed into the workspace, then the persistent TMA kernel
-        (grid: every SM times the blocks that fit on one, or fewer when there are fewer tiles)."""
+        """The filter transposed into the workspace, with stream-K the shared tiles zeroed, then
+        the persistent TMA kernel (``_tma_grid``)."""
         check_tma_spec(spec)
         gemm.check_geometry(tiles)
         alg = self.algebra(spec)
@@ -173,18 +180,16 @@ class ImplicitGemm(Family):
         block_k = gemm.TMA_FIXED["block_k"]
         m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
         shared = gemm.tma_shared_bytes(tiles)
-        resident = max(1, min(SHARED_PER_SM // (shared + BLOCK_RESERVED),
-                              gemm.REGISTER_FILE // (tiles.threads * gemm.TMA_REGISTERS)))
+        count, blocks = self._tma_grid(spec, tiles)
         name = kernel_name(self.name, "tma", spec, tiles)
         box_m = min(tiles.block_m, gemm.TMA_BOX_PIXELS)
         x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
                           corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
         w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
         slices = alg.taps * -(-spec.c // block_k)
-        blocks = min(m_tiles * n_tiles, SM_COUNT_HINT * resident)
-        stream_k = takes_stream_k(tiles, m_tiles * n_tiles, blocks)
-        split = shared_tiles(m_tiles * n_tiles, slices, blocks) if stream_k else set()
-        rounds = data_parallel_rounds(m_tiles * n_tiles, blocks)
+        stream_k = takes_stream_k(tiles, count, blocks)
+        split = shared_tiles(count, slices, blocks) if stream_k else set()
+        rounds = data_parallel_rounds(count, blocks)
         launches = (
             Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
                    (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
@@ -197,12 +202,12 @@ class ImplicitGemm(Family):
         context.update(
             tma=True, kernel=name, transpose_kernel=f"{name}_filter", zero_kernel=f"{name}_zero", variant="tma",
             slices=slices, grid_blocks=blocks, split_tiles=len(split), stream_k=stream_k,
-            dp_rounds=rounds, dp_steps=rounds * blocks * slices, tail_steps=(m_tiles * n_tiles - rounds * blocks) * slices,
+            dp_rounds=rounds, dp_steps=rounds * blocks * slices, tail_steps=(count - rounds * blocks) * slices,
             BM=tiles.block_m, BN=tiles.block_n, BK=block_k, TM=tiles.thread_m, WM=tiles.warp_m, box_m=box_m,
             boxes=tiles.block_m // box_m, stages=tiles.stages, threads=tiles.threads,
             warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,
             register_split=gemm.tma_register_split(tiles),
-            consumers=tiles.consumer_warps, resident_blocks=resident, shared_bytes=shared,
+            consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles), shared_bytes=shared,
             alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
             tiles_total=m_tiles * n_tiles, c_chunks=-(-spec.c // block_k), im2col_rank=spec.dims + 2,
             origin=im2col["origin"], tap_offsets=im2col["tap_offsets"], vector_store=vector_store,
@@ -217,6 +222,12 @@ class ImplicitGemm(Family):
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
         return convolution_reference(spec, x, w)
+
+
+def tma_resident_blocks(tiles: gemm.GemmTiles) -> int:
+    """TMA blocks that fit on one SM, by shared memory and by registers (at least one)."""
+    return max(1, min(SHARED_PER_SM // (gemm.tma_shared_bytes(tiles) + BLOCK_RESERVED),
+                      gemm.REGISTER_FILE // (tiles.threads * gemm.TMA_REGISTERS)))
 
 
 STREAM_K_MIN_LOSS = 0.05
