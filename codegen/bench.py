@@ -287,6 +287,38 @@ def cudnn_fp32(spec: ConvSpec, x_torch, w_torch):
     return lambda: conv(x_torch, w_torch, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
 
 
+class CudnnCase:
+    """One spec's uniform random inputs (seed 11) and output buffer on the GPU, cuDNN fp32 on the
+    same memory (channels-last data seen by PyTorch through permuted views), and its output in
+    float64, which a kernel's output is compared with through ``as_torch``."""
+
+    def __init__(self, spec: ConvSpec):
+        import cupy
+
+        from codegen.index import IndexAlgebra
+
+        alg = IndexAlgebra(spec)
+        rng = cupy.random.default_rng(11)
+        self.x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
+        self.w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
+        self.y = cupy.empty(alg.output_shape, dtype=cupy.float32)
+        self._last = (0, spec.dims + 1, *range(1, spec.dims + 1)) if spec.layout.channels_last else None
+        self.run_cudnn = cudnn_fp32(spec, self.as_torch(self.x), self.as_torch(self.w))
+        self.expected = self.run_cudnn().double()
+
+    def as_torch(self, array):
+        """A CuPy array as the (N, C, spatial) tensor PyTorch convolves, without a copy."""
+        import torch
+
+        tensor = torch.from_dlpack(array)
+        return tensor.permute(*self._last) if self._last else tensor
+
+    def relative_error(self) -> float:
+        """||y - cuDNN|| / ||cuDNN|| in float64 for the output buffer as it stands."""
+        norm = float(self.expected.norm())
+        return float((self.as_torch(self.y).double() - self.expected).norm()) / (norm or 1.0)
+
+
 def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_bps: float) -> list[dict]:
     """Every requested direct variant and cuDNN fp32 on one spec; variants the spec refuses are noted."""
     import cupy

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
+from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -74,18 +74,9 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
 
     alg = IndexAlgebra(spec)
     flops = gemm_flops(spec)
-    rng = cupy.random.default_rng(11)
-    x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
-    w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
-    y = cupy.empty(alg.output_shape, dtype=cupy.float32)
-    x_torch, w_torch = torch.from_dlpack(x), torch.from_dlpack(w)
-    last = (0, spec.dims + 1, *range(1, spec.dims + 1))
-    if spec.layout.channels_last:
-        x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    run_cudnn = cudnn_fp32(spec, x_torch, w_torch)
-    theirs = run_cudnn().double()
-    cudnn_extra = _cudnn_extra_bytes(run_cudnn, math.prod(alg.output_shape) * 4)
-    norm = float(theirs.norm())
+    case = CudnnCase(spec)
+    x, w, y = case.x, case.w, case.y
+    cudnn_extra = _cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
     common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
               "cudnn_extra_bytes": cudnn_extra}
     timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
@@ -98,11 +89,8 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
             return {**row, "skipped": str(err)}
         y.fill(float("nan"))
         kernel.launch([x, w], y)
-        ours = torch.from_dlpack(y)
-        if spec.layout.channels_last:
-            ours = ours.permute(*last)
         row.update(tiles=kernel.plan.tiles.describe(), extra_bytes=extra_bytes(kernel.plan),
-                   relative_error_vs_cudnn=float((ours.double() - theirs).norm()) / (norm or 1.0))
+                   relative_error_vs_cudnn=case.relative_error())
         timed.append((row, lambda: kernel.launch([x, w], y), repeats if family != "direct" else max(2, repeats // 3)))
         return row
 
@@ -126,7 +114,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
 
     cudnn_rounds, kernel_rounds = [], [[] for _ in timed]
     for _ in range(ROUNDS):
-        cudnn_rounds.append(median_seconds(run_cudnn, repeats))
+        cudnn_rounds.append(median_seconds(case.run_cudnn, repeats))
         for samples, (_, launch, count) in zip(kernel_rounds, timed):
             samples.append(median_seconds(launch, count, warmup=1))
     cudnn_seconds = statistics.median(cudnn_rounds)
@@ -138,7 +126,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         measured = [r for r in group if "ms" in r]
         rows.append(min(measured, key=lambda r: r["ms"]) if measured else group[0])
         rows[-1].update(cudnn_ms=cudnn_seconds * 1e3, cudnn_tflops=flops / cudnn_seconds / 1e12)
-    del x, w, y, x_torch, w_torch, theirs
+    del x, w, y, case
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()
     return rows

@@ -55,14 +55,12 @@ def main() -> int:
     args = parser.parse_args()
 
     import cupy
-    import torch
 
     from codegen import render
     from codegen.api import build
-    from codegen.bench import cudnn_fp32, layer_spec, load_shapes, median_seconds, select_layers
+    from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers
     from codegen.families import gemm, implicit_gemm
     from codegen.families.gemm import flops as gemm_flops
-    from codegen.index import IndexAlgebra
     from codegen.spec import SpecError
 
     shapes = load_shapes()
@@ -74,17 +72,9 @@ def main() -> int:
     for layer in layers:
         layout = "NDHWC" if "D" in layer else "NHWC"
         spec = layer_spec(layer, layout, layer["N"])
-        alg = IndexAlgebra(spec)
-        rng = cupy.random.default_rng(11)
-        x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
-        w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
-        y = cupy.empty(alg.output_shape, dtype=cupy.float32)
-        last = (0, spec.dims + 1, *range(1, spec.dims + 1))
-        x_torch, w_torch = torch.from_dlpack(x).permute(*last), torch.from_dlpack(w).permute(*last)
-        cudnn = cudnn_fp32(spec, x_torch.contiguous(memory_format=torch.channels_last if spec.dims == 2
-                                                    else torch.channels_last_3d), w_torch)
-        theirs = cudnn().double()
-        runs = {"cuDNN": cudnn}
+        case = CudnnCase(spec)
+        x, w, y = case.x, case.w, case.y
+        runs = {"cuDNN": case.run_cudnn}
         rows = []
         for name, (thread_rows, change, unrolled, split) in CONFIGS.items():
             if args.only and name not in args.only and name != "heuristic":
@@ -103,14 +93,12 @@ def main() -> int:
                 gemm.tma_register_split = keep_split
             y.fill(float("nan"))
             kernel.launch([x, w], y)
-            ours = torch.from_dlpack(y).permute(*last).double()
-            error = float((ours - theirs).norm() / theirs.norm())
             main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
             runs[name] = lambda k=kernel: k.launch([x, w], y)
             rows.append({"layer": layer["name"], "layout": layout, "config": name, "tiles": kernel.plan.tiles.describe(),
                          "arch": kernel.compiled.arch, "registers": main_kernel.registers,
                          "spill_bytes": main_kernel.spill_stores, "nan_left": bool(cupy.isnan(y).any()),
-                         "relative_error_vs_cudnn": error})
+                         "relative_error_vs_cudnn": case.relative_error()})
         samples = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():
