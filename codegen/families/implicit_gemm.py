@@ -202,7 +202,8 @@ class ImplicitGemm(Family):
         context.update(
             tma=True, kernel=name, transpose_kernel=f"{name}_filter", zero_kernel=f"{name}_zero", variant="tma",
             slices=slices, grid_blocks=blocks, split_tiles=len(split), stream_k=stream_k,
-            dp_rounds=rounds, dp_steps=rounds * blocks * slices, tail_steps=(count - rounds * blocks) * slices,
+            dp_rounds=rounds, dp_tiles=rounds * blocks if stream_k else count, dp_steps=rounds * blocks * slices,
+            tail_steps=(count - rounds * blocks) * slices,
             BM=tiles.block_m, BN=tiles.block_n, BK=block_k, TM=tiles.thread_m, WM=tiles.warp_m, box_m=box_m,
             boxes=tiles.block_m // box_m, stages=tiles.stages, threads=tiles.threads,
             warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,

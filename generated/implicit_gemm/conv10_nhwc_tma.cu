@@ -104,24 +104,6 @@ convgen_implicit_gemm_tma_d8766da3af_zero(float* __restrict__ y)
     }
 }
 
-// The next piece of work of this block: slices [k_first, k_last) of `tile`; false when there is none.  `round`
-// counts the data-parallel tiles taken, `step` walks the block's tail span up to `span_end`.
-static __device__ __forceinline__ bool convgen_implicit_gemm_tma_d8766da3af_next(int& round, int& step, int span_end, int& tile, int& k_first, int& k_last)
-{
-    if (round < 4) {
-        tile = blockIdx.x + round++ * 132;
-        k_first = 0;
-        k_last = 36;
-        return true;
-    }
-    if (step >= span_end) return false;
-    tile = step / 36;
-    k_first = step - tile * 36;
-    k_last = min(36, k_first + span_end - step);
-    step += k_last - k_first;
-    return true;
-}
-
 // Implicit GEMM y[86528 x 128] = A[86528 x 1152] * B[1152 x 128] fed by the tensor memory accelerator (sm_90).
 // The 676 CTA tiles of 128x128 (output-channel tiles fastest) have 36 k-slices each: 9 filter tap(s) x
 // 4 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 4 whole tile(s) (tile =
@@ -157,7 +139,6 @@ convgen_implicit_gemm_tma_d8766da3af(const __grid_constant__ convgen_tensor_map 
     // This block's tail steps [span_begin, span_end); producer and consumers walk the same work.
     const int span_begin = (int)(19008LL + (long long)blockIdx.x * 5328LL / 132);
     const int span_end = (int)(19008LL + (long long)(blockIdx.x + 1) * 5328LL / 132);
-    int round = 0, step = span_begin, tile, k_first, k_last;
 
     if (warp >= 8) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
@@ -166,7 +147,41 @@ convgen_implicit_gemm_tma_d8766da3af(const __grid_constant__ convgen_tensor_map 
         if (warp != 8 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
-        while (convgen_implicit_gemm_tma_d8766da3af_next(round, step, span_end, tile, k_first, k_last)) {
+        for (int tile = blockIdx.x; tile < 528; tile += gridDim.x) {
+            const int n_tile = (tile % 1) * 128;
+            // The A tile's 1 im2col box(es) of 128 pixels start at these input coordinates (W first, then the image).
+            int start[1][3];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 1) * 128 + box * 128;
+                const idx_t n = ((col) / 676);
+                const idx_t o0 = ((((col) / 26)) % 26);
+                const idx_t o1 = ((col) % 26);
+                start[box][0] = (int)(o1);
+                start[box][1] = (int)(o0);
+                start[box][2] = (int)n;
+            }
+            for (int k = 0; k < 36; ++k) {
+                const int kk = k / 4;
+                const int c0 = (k % 4) * 32;
+                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_expect(&full[stage], 32768);
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 4096 + box * 4096, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
+                convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
+                if (++stage == 6) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
+        // The stream-K tail, in pieces of at most one tile.
+        for (int step = span_begin; step < span_end;) {
+            const int tile = step / 36;
+            const int k_first = step - tile * 36;
+            const int k_last = min(36, k_first + span_end - step);
+            step += k_last - k_first;
             const int n_tile = (tile % 1) * 128;
             // The A tile's 1 im2col box(es) of 128 pixels start at these input coordinates (W first, then the image).
             int start[1][3];
@@ -211,7 +226,79 @@ convgen_implicit_gemm_tma_d8766da3af(const __grid_constant__ convgen_tensor_map 
     float acc[8][8];
     int stage = 0;
     unsigned phase = 0;
-    while (convgen_implicit_gemm_tma_d8766da3af_next(round, step, span_end, tile, k_first, k_last)) {
+    for (int tile = blockIdx.x; tile < 528; tile += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        }
+        for (int k = 0; k < 36; ++k) {
+            convgen_barrier_wait(&full[stage], phase);
+            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 4096) + a_row0;
+            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 4096) + b_col0;
+#pragma unroll
+            for (int chunk = 0; chunk < 8; ++chunk) {
+                // Four k-steps: A as float4 along k (one per pixel row), B as float4 along n (two per k-step).
+                const unsigned a_even = (unsigned)(chunk ^ lane_m) << 4;
+                float4 a[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    a[i] = *reinterpret_cast<const float4*>(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
+                float4 b[4][2];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        b[q][j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 512 + j * 128);
+                }
+                // Serpentine order, so that consecutive FMAs share their A operand (the reuse cache);
+                // along n each accumulator always meets a B register of one parity (no bank conflict).
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+#pragma unroll
+                        for (int jj = 0; jj < 8; ++jj) {
+                            const int j = i % 2 ? 7 - jj : jj;
+                            const float4 group = b[q][j / 4];
+                            const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;
+                            acc[i][j] = fmaf(a_value, b_value, acc[i][j]);
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (++stage == 6) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        // Epilogue straight from registers: the output is (pixels, 128) row-major in channels-last layouts.
+        const idx_t m_tile = (idx_t)(tile / 1) * 128;
+        const int n_first = (tile % 1) * 128 + warp_n * 64 + lane_n * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const idx_t m_index = m_tile + warp_m * 32 + lane_m + 4 * i;
+            if (m_index >= 86528) continue;
+            float* const out = y + m_index * 128;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int oc = n_first + 32 * j;
+                if (oc < 128)
+                    *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            }
+        }
+    }
+    // The tail in its own loop, so that the rounds of whole tiles keep their own copy of the slice loop: with
+    // one loop over both, ptxas allocated the FMA loop's registers differently and the whole-tile rounds ran
+    // 5-7 % slower (dispatch stalls 0.31 -> 0.52 cycles per instruction; docs/perf.md, GEMM v16).
+    for (int step = span_begin; step < span_end;) {
+        const int tile = step / 36;
+        const int k_first = step - tile * 36;
+        const int k_last = min(36, k_first + span_end - step);
+        step += k_last - k_first;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
