@@ -231,23 +231,18 @@ def tma_resident_blocks(tiles: gemm.GemmTiles) -> int:
                       gemm.REGISTER_FILE // (tiles.threads * gemm.TMA_REGISTERS)))
 
 
-STREAM_K_MIN_LOSS = 0.05
-"""Share of the last round's block-time that idle blocks must waste before the TMA kernel shares
-out its tail in steps (stream-K); the stream-K code itself cost 2-3 % where the tail was full
-(c3d_conv3, unet3d_l1: docs/perf.md, GEMM v15)."""
-
-
 def round_loss(tiles: int, blocks: int) -> float:
     """The share of block-time idle when ``blocks`` persistent blocks take ``tiles`` whole tiles."""
     return 1.0 - tiles / (blocks * -(-tiles // blocks))
 
 
 def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
-    """Stream-K for 8x8 micro-tiles whose last round leaves more than ``STREAM_K_MIN_LOSS`` idle.
-    Measured on the H100 (docs/perf.md, GEMM v15): conv5 42.9 -> 47.1 TFLOP/s, conv6 37.0 ->
-    46.0, conv10 41.7 -> 45.8, conv11 35.2 -> 45.6; the 16x8 kernels ran 6-9 % slower with it
-    even where the tail was small (the cause was not found), so they never take it."""
-    return tiles.thread_m == 8 and round_loss(count, blocks) > STREAM_K_MIN_LOSS
+    """Stream-K for 8x8 micro-tiles whose last round leaves any block idle.  Measured on the H100
+    against whole tiles (docs/perf.md, GEMM v16): conv5 +15 %, conv6 +28 %, conv10 +14 %,
+    conv11 +34 %, c3d_conv3 and unet3d_l1 +2-3 % (where whole tiles idle 1 % and 3 %).  The
+    16x8 kernels never take it: their FMA loop is sensitive to ptxas' register allocation, which
+    the tail's second copy of the loop changes (conv8 10 % slower, c3d_conv2 2 %, conv4 no gain)."""
+    return tiles.thread_m == 8 and round_loss(count, blocks) > 0
 
 
 def data_parallel_rounds(tiles: int, blocks: int) -> int:

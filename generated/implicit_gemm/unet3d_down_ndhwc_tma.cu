@@ -3,6 +3,7 @@
 //   tiles: block_m=32 block_n=128 block_k=32 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=6 async_copy=True vector_load=True vector_smem=True precomp=False split_k=1 tma=True
 //   index type: int (largest index 4194303)
 //   launch convgen_implicit_gemm_tma_78e97168fc_filter: grid (864, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_tma_78e97168fc_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_78e97168fc: grid (132, 1, 1) block (96, 1, 1) shared 124000 B
 //   buffers: in x[2][32][32][32][64], in w[128][3][3][3][64], out y[2][16][16][16][128], workspace wt[27][64][128]
 
@@ -85,10 +86,29 @@ convgen_implicit_gemm_tma_78e97168fc_filter(const float* __restrict__ w, float* 
     wt[((t) % 128) + 128*(((((t) / 128)) % 64)) + 8192*((t) / 8192)] = w[1728*(((t) % 128)) + ((((t) / 128)) % 64) + 64*((t) / 8192)];
 }
 
+// Zero the tiles whose slices two blocks share (the tile holding each block's first tail step, where that is not
+// a tile's first slice): the main kernel adds into them.
+extern "C" __global__ void __launch_bounds__(256)
+convgen_implicit_gemm_tma_78e97168fc_zero(float* __restrict__ y)
+{
+    const long long step = 0LL + (long long)(blockIdx.x + 1) * 13824LL / 132;
+    if (step % 54 == 0) return;
+    const int tile = (int)(step / 54);
+    const idx_t m_tile = (idx_t)(tile / 1) * 32;
+    const int n_tile = (tile % 1) * 128;
+    for (int e = threadIdx.x; e < 4096; e += blockDim.x) {
+        const idx_t m_index = m_tile + e / 128;
+        const int oc = n_tile + e % 128;
+        if (m_index < 8192 && oc < 128) y[m_index * 128 + oc] = 0.0f;
+    }
+}
+
 // Implicit GEMM y[8192 x 128] = A[8192 x 1728] * B[1728 x 128] fed by the tensor memory accelerator (sm_90).
 // The 256 CTA tiles of 32x128 (output-channel tiles fastest) have 54 k-slices each: 27 filter tap(s) x
-// 2 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
-// slice the producer thread issues TMA
+// 2 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 0 whole tile(s) (tile =
+// block + round * 132), then an equal share of the tail's 13824 (tile, slice) steps in order (stream-K), so that no
+// block waits on a last, partly filled wave of tiles; a tile whose slices two blocks share (128 here) was zeroed
+// by the launch before and is summed with atomic adds, the others are stored.  For each slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (32 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x128 box of the transposed filter.  2
@@ -115,13 +135,16 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
         convgen_barrier_init_fence();
     }
     __syncthreads();
+    // This block's tail steps [span_begin, span_end); producer and consumers walk the same work.
+    const int span_begin = (int)(0LL + (long long)blockIdx.x * 13824LL / 132);
+    const int span_end = (int)(0LL + (long long)(blockIdx.x + 1) * 13824LL / 132);
 
     if (warp >= 2) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         if (warp != 2 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 256; tile += gridDim.x) {
+        for (int tile = blockIdx.x; tile < 0; tile += gridDim.x) {
             const int n_tile = (tile % 1) * 128;
             // The A tile's 1 im2col box(es) of 32 pixels start at these input coordinates (W first, then the image).
             int start[1][4];
@@ -152,6 +175,42 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
                 }
             }
         }
+        // The stream-K tail, in pieces of at most one tile.
+        for (int step = span_begin; step < span_end;) {
+            const int tile = step / 54;
+            const int k_first = step - tile * 54;
+            const int k_last = min(54, k_first + span_end - step);
+            step += k_last - k_first;
+            const int n_tile = (tile % 1) * 128;
+            // The A tile's 1 im2col box(es) of 32 pixels start at these input coordinates (W first, then the image).
+            int start[1][4];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 1) * 32 + box * 32;
+                const idx_t n = ((col) / 4096);
+                const idx_t o0 = ((((col) / 256)) % 16);
+                const idx_t o1 = ((((col) / 16)) % 16);
+                const idx_t o2 = ((col) % 16);
+                start[box][0] = (int)(2*o2 - 1);
+                start[box][1] = (int)(2*o1 - 1);
+                start[box][2] = (int)(2*o0 - 1);
+                start[box][3] = (int)n;
+            }
+            for (int k = k_first; k < k_last; ++k) {
+                const int kk = k / 2;
+                const int c0 = (k % 2) * 32;
+                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_expect(&full[stage], 20480);
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 1024 + box * 1024, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], start[box][3], (unsigned short)(((kk) % 3)), (unsigned short)(((((kk) / 3)) % 3)), (unsigned short)(((kk) / 9)));
+                convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
+                if (++stage == 6) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
         return;
     }
     // Consumer warp (warp % 1, warp / 1) owns 32 pixels x 64 channels; lane (lane / 8, lane % 8) owns
@@ -167,7 +226,7 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
     float acc[8][8];
     int stage = 0;
     unsigned phase = 0;
-    for (int tile = blockIdx.x; tile < 256; tile += gridDim.x) {
+    for (int tile = blockIdx.x; tile < 0; tile += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -229,6 +288,84 @@ convgen_implicit_gemm_tma_78e97168fc(const __grid_constant__ convgen_tensor_map 
                 const int oc = n_first + 32 * j;
                 if (oc < 128)
                     *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            }
+        }
+    }
+    // The tail in its own loop, so that the rounds of whole tiles keep their own copy of the slice loop: with
+    // one loop over both, ptxas allocated the FMA loop's registers differently and the whole-tile rounds ran
+    // 5-7 % slower (dispatch stalls 0.31 -> 0.52 cycles per instruction; docs/perf.md, GEMM v16).
+    for (int step = span_begin; step < span_end;) {
+        const int tile = step / 54;
+        const int k_first = step - tile * 54;
+        const int k_last = min(54, k_first + span_end - step);
+        step += k_last - k_first;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        }
+        for (int k = k_first; k < k_last; ++k) {
+            convgen_barrier_wait(&full[stage], phase);
+            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 1024) + a_row0;
+            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 4096) + b_col0;
+#pragma unroll
+            for (int chunk = 0; chunk < 8; ++chunk) {
+                // Four k-steps: A as float4 along k (one per pixel row), B as float4 along n (two per k-step).
+                const unsigned a_even = (unsigned)(chunk ^ lane_m) << 4;
+                float4 a[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    a[i] = *reinterpret_cast<const float4*>(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
+                float4 b[4][2];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        b[q][j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 512 + j * 128);
+                }
+                // Serpentine order, so that consecutive FMAs share their A operand (the reuse cache);
+                // along n each accumulator always meets a B register of one parity (no bank conflict).
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+#pragma unroll
+                        for (int jj = 0; jj < 8; ++jj) {
+                            const int j = i % 2 ? 7 - jj : jj;
+                            const float4 group = b[q][j / 4];
+                            const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;
+                            acc[i][j] = fmaf(a_value, b_value, acc[i][j]);
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (++stage == 6) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        // Epilogue straight from registers: the output is (pixels, 128) row-major in channels-last layouts.
+        // A tile shared with another block is added, not stored.
+        const bool whole = k_first == 0 && k_last == 54;
+        const idx_t m_tile = (idx_t)(tile / 1) * 32;
+        const int n_first = (tile % 1) * 128 + warp_n * 64 + lane_n * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const idx_t m_index = m_tile + warp_m * 32 + lane_m + 4 * i;
+            if (m_index >= 8192) continue;
+            float* const out = y + m_index * 128;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int oc = n_first + 32 * j;
+                if (oc < 128 && whole)
+                    *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                else if (oc < 128) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) atomicAdd(out + oc + e, acc[i][4 * j + e]);
+                }
             }
         }
     }
@@ -323,6 +460,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_down_ndhwc_tma(const float* 
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_78e97168fc, cudaFuncAttributeMaxDynamicSharedMemorySize, 124000);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_tma_78e97168fc_filter<<<dim3(864, 1, 1), dim3(256, 1, 1), 0, stream>>>(w, wt);
+    convgen_implicit_gemm_tma_78e97168fc_zero<<<dim3(131, 1, 1), dim3(256, 1, 1), 0, stream>>>(y);
     convgen_implicit_gemm_tma_78e97168fc<<<dim3(132, 1, 1), dim3(96, 1, 1), 124000, stream>>>(x_map, wt_map, y);
     return cudaGetLastError();
 }

@@ -3,6 +3,7 @@
 //   tiles: block_m=256 block_n=64 block_k=32 warp_m=32 warp_n=64 thread_m=8 thread_n=8 stages=5 async_copy=True vector_load=True vector_smem=True precomp=False split_k=1 tma=True
 //   index type: int (largest index 16777215)
 //   launch convgen_implicit_gemm_tma_163ef037ef_filter: grid (108, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_tma_163ef037ef_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_163ef037ef: grid (132, 1, 1) block (384, 1, 1) shared 205904 B
 //   buffers: in x[2][64][64][64][32], in w[32][3][3][3][32], out y[2][64][64][64][32], workspace wt[27][32][32]
 
@@ -86,10 +87,29 @@ convgen_implicit_gemm_tma_163ef037ef_filter(const float* __restrict__ w, float* 
     wt[((t) % 32) + 32*(((((t) / 32)) % 32)) + 1024*((t) / 1024)] = w[864*(((t) % 32)) + ((((t) / 32)) % 32) + 32*((t) / 1024)];
 }
 
+// Zero the tiles whose slices two blocks share (the tile holding each block's first tail step, where that is not
+// a tile's first slice): the main kernel adds into them.
+extern "C" __global__ void __launch_bounds__(256)
+convgen_implicit_gemm_tma_163ef037ef_zero(float* __restrict__ y)
+{
+    const long long step = 49896LL + (long long)(blockIdx.x + 1) * 5400LL / 132;
+    if (step % 27 == 0) return;
+    const int tile = (int)(step / 27);
+    const idx_t m_tile = (idx_t)(tile / 1) * 256;
+    const int n_tile = (tile % 1) * 64;
+    for (int e = threadIdx.x; e < 16384; e += blockDim.x) {
+        const idx_t m_index = m_tile + e / 64;
+        const int oc = n_tile + e % 64;
+        if (m_index < 524288 && oc < 32) y[m_index * 32 + oc] = 0.0f;
+    }
+}
+
 // Implicit GEMM y[524288 x 32] = A[524288 x 864] * B[864 x 32] fed by the tensor memory accelerator (sm_90).
 // The 2048 CTA tiles of 256x64 (output-channel tiles fastest) have 27 k-slices each: 27 filter tap(s) x
-// 1 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
-// slice the producer thread issues TMA
+// 1 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 14 whole tile(s) (tile =
+// block + round * 132), then an equal share of the tail's 5400 (tile, slice) steps in order (stream-K), so that no
+// block waits on a last, partly filled wave of tiles; a tile whose slices two blocks share (124 here) was zeroed
+// by the launch before and is summed with atomic adds, the others are stored.  For each slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (256 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x64 box of the transposed filter.  8
@@ -116,6 +136,9 @@ convgen_implicit_gemm_tma_163ef037ef(const __grid_constant__ convgen_tensor_map 
         convgen_barrier_init_fence();
     }
     __syncthreads();
+    // This block's tail steps [span_begin, span_end); producer and consumers walk the same work.
+    const int span_begin = (int)(49896LL + (long long)blockIdx.x * 5400LL / 132);
+    const int span_end = (int)(49896LL + (long long)(blockIdx.x + 1) * 5400LL / 132);
 
     if (warp >= 8) {
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
@@ -124,7 +147,7 @@ convgen_implicit_gemm_tma_163ef037ef(const __grid_constant__ convgen_tensor_map 
         if (warp != 8 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 2048; tile += gridDim.x) {
+        for (int tile = blockIdx.x; tile < 1848; tile += gridDim.x) {
             const int n_tile = (tile % 1) * 64;
             // The A tile's 1 im2col box(es) of 256 pixels start at these input coordinates (W first, then the image).
             int start[1][4];
@@ -155,6 +178,42 @@ convgen_implicit_gemm_tma_163ef037ef(const __grid_constant__ convgen_tensor_map 
                 }
             }
         }
+        // The stream-K tail, in pieces of at most one tile.
+        for (int step = span_begin; step < span_end;) {
+            const int tile = step / 27;
+            const int k_first = step - tile * 27;
+            const int k_last = min(27, k_first + span_end - step);
+            step += k_last - k_first;
+            const int n_tile = (tile % 1) * 64;
+            // The A tile's 1 im2col box(es) of 256 pixels start at these input coordinates (W first, then the image).
+            int start[1][4];
+#pragma unroll
+            for (int box = 0; box < 1; ++box) {
+                const idx_t col = (idx_t)(tile / 1) * 256 + box * 256;
+                const idx_t n = ((col) / 262144);
+                const idx_t o0 = ((((col) / 4096)) % 64);
+                const idx_t o1 = ((((col) / 64)) % 64);
+                const idx_t o2 = ((col) % 64);
+                start[box][0] = (int)(o2 - 1);
+                start[box][1] = (int)(o1 - 1);
+                start[box][2] = (int)(o0 - 1);
+                start[box][3] = (int)n;
+            }
+            for (int k = k_first; k < k_last; ++k) {
+                const int kk = k / 1;
+                const int c0 = (k % 1) * 32;
+                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_expect(&full[stage], 40960);
+#pragma unroll
+                for (int box = 0; box < 1; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 8192 + box * 8192, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], start[box][3], (unsigned short)(((kk) % 3)), (unsigned short)(((((kk) / 3)) % 3)), (unsigned short)(((kk) / 9)));
+                convgen_tensor_copy(b_tiles + stage * 2048, &wt_map, &full[stage], n_tile, c0, kk);
+                if (++stage == 5) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -171,7 +230,7 @@ convgen_implicit_gemm_tma_163ef037ef(const __grid_constant__ convgen_tensor_map 
     float acc[8][8];
     int stage = 0;
     unsigned phase = 0;
-    for (int tile = blockIdx.x; tile < 2048; tile += gridDim.x) {
+    for (int tile = blockIdx.x; tile < 1848; tile += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -233,6 +292,84 @@ convgen_implicit_gemm_tma_163ef037ef(const __grid_constant__ convgen_tensor_map 
                 const int oc = n_first + 32 * j;
                 if (oc < 32)
                     *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            }
+        }
+    }
+    // The tail in its own loop, so that the rounds of whole tiles keep their own copy of the slice loop: with
+    // one loop over both, ptxas allocated the FMA loop's registers differently and the whole-tile rounds ran
+    // 5-7 % slower (dispatch stalls 0.31 -> 0.52 cycles per instruction; docs/perf.md, GEMM v16).
+    for (int step = span_begin; step < span_end;) {
+        const int tile = step / 27;
+        const int k_first = step - tile * 27;
+        const int k_last = min(27, k_first + span_end - step);
+        step += k_last - k_first;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        }
+        for (int k = k_first; k < k_last; ++k) {
+            convgen_barrier_wait(&full[stage], phase);
+            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 8192) + a_row0;
+            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 2048) + b_col0;
+#pragma unroll
+            for (int chunk = 0; chunk < 8; ++chunk) {
+                // Four k-steps: A as float4 along k (one per pixel row), B as float4 along n (two per k-step).
+                const unsigned a_even = (unsigned)(chunk ^ lane_m) << 4;
+                float4 a[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    a[i] = *reinterpret_cast<const float4*>(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
+                float4 b[4][2];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        b[q][j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 256 + j * 128);
+                }
+                // Serpentine order, so that consecutive FMAs share their A operand (the reuse cache);
+                // along n each accumulator always meets a B register of one parity (no bank conflict).
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+#pragma unroll
+                        for (int jj = 0; jj < 8; ++jj) {
+                            const int j = i % 2 ? 7 - jj : jj;
+                            const float4 group = b[q][j / 4];
+                            const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;
+                            acc[i][j] = fmaf(a_value, b_value, acc[i][j]);
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (++stage == 5) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        // Epilogue straight from registers: the output is (pixels, 32) row-major in channels-last layouts.
+        // A tile shared with another block is added, not stored.
+        const bool whole = k_first == 0 && k_last == 27;
+        const idx_t m_tile = (idx_t)(tile / 1) * 256;
+        const int n_first = (tile % 1) * 64 + warp_n * 64 + lane_n * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const idx_t m_index = m_tile + warp_m * 32 + lane_m + 4 * i;
+            if (m_index >= 524288) continue;
+            float* const out = y + m_index * 32;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int oc = n_first + 32 * j;
+                if (oc < 32 && whole)
+                    *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                else if (oc < 32) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) atomicAdd(out + oc + e, acc[i][4 * j + e]);
+                }
             }
         }
     }
@@ -327,6 +464,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_l1_ndhwc_tma(const float* x,
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_163ef037ef, cudaFuncAttributeMaxDynamicSharedMemorySize, 205904);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_tma_163ef037ef_filter<<<dim3(108, 1, 1), dim3(256, 1, 1), 0, stream>>>(w, wt);
+    convgen_implicit_gemm_tma_163ef037ef_zero<<<dim3(131, 1, 1), dim3(256, 1, 1), 0, stream>>>(y);
     convgen_implicit_gemm_tma_163ef037ef<<<dim3(132, 1, 1), dim3(384, 1, 1), 205904, stream>>>(x_map, wt_map, y);
     return cudaGetLastError();
 }
