@@ -35,7 +35,7 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
-    name = launcher or kernel_plan.launches[-1].kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
+    name = launcher or kernel_plan.context["kernel"].replace(f"_{kernel_plan.variant}_", "_") + "_launch"
     terms = kernel_plan.context.get("reference_terms", 1)
     outputs = kernel_plan.output.elements
     return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name,
