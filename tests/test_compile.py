@@ -258,8 +258,9 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     cp.async kernel on the H100 (docs/perf.md v14, v15; conv6 and conv11 with stream-K), the
     cp.async kernel for the two where it lost (fewer than 2 tiles per SM) and for a K that leaves
     its tiles part idle; an sm_80 target and channels-first data never take it.  Stream-K for the
-    8x8 kernels whose last round is not full (v16), never for 16x8.  build() and emit pass their
-    target through."""
+    8x8 kernels whose last round is not full (v16), and for the 16x8 kernel only on conv4 (2 %
+    idle, a tail of 7 % of the tiles), in a launch of its own.  build() and emit pass their target
+    through."""
     from codegen.bench import layer_spec, load_shapes
     from codegen.emit import emit_source
 
@@ -278,7 +279,11 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
         spec = layer_spec(layers[name], "NDHWC" if "D" in layers[name] else "NHWC", layers[name]["N"])
         return plan("implicit_gemm", spec, arch="sm_90").context["stream_k"]
 
-    assert [name for name in faster if stream_k(name)] == ["conv5", "conv6", "conv10", "conv11", "c3d_conv3", "unet3d_l1"]
+    assert [name for name in faster if stream_k(name)] == ["conv4", "conv5", "conv6", "conv10", "conv11", "c3d_conv3",
+                                                           "unet3d_l1"]
+    conv4 = plan("implicit_gemm", layer_spec(layers["conv4"], "NHWC", 128), arch="sm_90")
+    main, tail = (launch.kernel for launch in conv4.launches[-2:])
+    assert tail == main + "_tail" and conv4.context["tail_kernel"] == tail and conv4.launches[-3].kernel == main + "_zero"
     assert not any(takes_tma(name, arch="sm_80") for name in faster)
     assert not takes_tma("conv8", channels_last=False) and not takes_tma("c3d_conv2", channels_last=False)
     many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=8, k=64, input_size=(66, 66), filter_size=3)

@@ -415,13 +415,15 @@ def test_tma_implicit_gemm_against_torch_conv(spec, seed):
     torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_tma_implicit_gemm_on_edge_shapes():
+def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     """C = 4 (an 8th of a slice), K = 1 (scalar stores), sizes of 1, 3D with asymmetric stride,
     padding and dilation, stride 8 and wide padding (corners far from 0), and a grid with more
     tiles than blocks (the persistent loop carries the ring's stages and phases across tiles);
     each with the heuristic's tiles and with 512-pixel tiles of 16-row micro-tiles (two im2col
-    boxes, the producer warpgroup's setmaxnreg); and 137 tiles for 132 blocks, whose stream-K
-    spans share tiles (zeroed, then summed with atomic adds)."""
+    boxes, the producer warpgroup's setmaxnreg); 137 tiles for 132 blocks, whose stream-K spans
+    share tiles (zeroed, then summed with atomic adds); and 273 16x8 tiles with stream-K forced
+    on (the package takes it for 16x8 only on long grids such as conv4's), whose tail runs in a
+    second launch after one round of whole tiles."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -438,6 +440,13 @@ def test_tma_implicit_gemm_on_edge_shapes():
         _assert_conv_matches("implicit_gemm", spec, two_boxes, 0)
     shared = ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
     _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
+    from codegen.api import plan
+    from codegen.families import implicit_gemm
+
+    monkeypatch.setattr(implicit_gemm, "takes_stream_k", lambda tiles, count, blocks: True)
+    long_grid = ConvSpec(dims=2, layout="NHWC", n=8, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
+    assert plan("implicit_gemm", long_grid, two_boxes).context["tail_kernel"]
+    _assert_conv_matches("implicit_gemm", long_grid, two_boxes, 0)
 
 
 def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():

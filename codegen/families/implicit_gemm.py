@@ -15,8 +15,9 @@ two TMA copies (A through the im2col mode, which walks the tile's pixels across 
 and reads zeros for padding; B as a box of the filter, transposed per call into a taps x C x K
 workspace so that B fragments run along output channels), on a ring of mbarrier stages that
 consumer warps drain with only shared loads and FMAs.  Micro-tiles of 8x8 or 16x8 (v15: the
-producer becomes a warpgroup that hands its registers to the consumers, sm_90a), and for 8x8
-kernels with a ragged last round of tiles a stream-K tail (``takes_stream_k``).
+producer becomes a warpgroup that hands its registers to the consumers, sm_90a), and where the
+last round of tiles is ragged a stream-K tail (``takes_stream_k``: 8x8 kernels, and 16x8 ones on
+long grids, there in a launch of its own).
 """
 from __future__ import annotations
 
@@ -190,17 +191,20 @@ class ImplicitGemm(Family):
         stream_k = takes_stream_k(tiles, count, blocks)
         split = shared_tiles(count, slices, blocks) if stream_k else set()
         rounds = data_parallel_rounds(count, blocks)
+        tail_kernel = f"{name}_tail" if stream_k and rounds and tail_in_own_launch(tiles) else None
         launches = (
             Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
                    (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
             *((Launch(f"{name}_zero", (blocks - 1, 1, 1), (TRANSPOSE_THREADS, 1, 1), args=("y",)),) if split else ()),
-            Launch(name, (blocks, 1, 1), (tiles.threads, 1, 1), shared, args=("y",), tensor_maps=(x_map, w_map)),
+            *(Launch(kernel, (blocks, 1, 1), (tiles.threads, 1, 1), shared, args=("y",), tensor_maps=(x_map, w_map))
+              for kernel in (name, tail_kernel) if kernel),
         )
         vector_store = gemm_n % 4 == 0
         context = index.template_context(alg, max(launches[-1].threads, m_tiles * tiles.block_m), column_matrix=False)
         context.update(convolution_selftest_context(alg))
         context.update(
             tma=True, kernel=name, transpose_kernel=f"{name}_filter", zero_kernel=f"{name}_zero", variant="tma",
+            tail_kernel=tail_kernel,
             slices=slices, grid_blocks=blocks, split_tiles=len(split), stream_k=stream_k,
             dp_rounds=rounds, dp_tiles=rounds * blocks if stream_k else count, dp_steps=rounds * blocks * slices,
             tail_steps=(count - rounds * blocks) * slices,
@@ -236,13 +240,33 @@ def round_loss(tiles: int, blocks: int) -> float:
     return 1.0 - tiles / (blocks * -(-tiles // blocks))
 
 
+STREAM_K_16X8_MIN_LOSS = 0.02
+STREAM_K_16X8_MAX_TAIL = 0.1
+"""The 16x8 kernels stream their tail only where whole tiles idle at least this share of the
+block-time and the tail is at most this share of the tiles: its loop, in a launch of its own,
+runs slower than the whole-tile loop (docs/perf.md, GEMM v16)."""
+
+
 def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
     """Stream-K for 8x8 micro-tiles whose last round leaves any block idle.  Measured on the H100
     against whole tiles (docs/perf.md, GEMM v16): conv5 +15 %, conv6 +28 %, conv10 +14 %,
-    conv11 +34 %, c3d_conv3 and unet3d_l1 +2-3 % (where whole tiles idle 1 % and 3 %).  The
-    16x8 kernels never take it: their FMA loop is sensitive to ptxas' register allocation, which
-    the tail's second copy of the loop changes (conv8 10 % slower, c3d_conv2 2 %, conv4 no gain)."""
-    return tiles.thread_m == 8 and round_loss(count, blocks) > 0
+    conv11 +34 %, c3d_conv3 and unet3d_l1 +2-3 % (where whole tiles idle 1 % and 3 %).  For 16x8
+    micro-tiles, whose FMA loop is sensitive to ptxas' register allocation, with the tail in its
+    own launch (``tail_in_own_launch``) and only within the ``STREAM_K_16X8_*`` bounds: conv4 +1.2 %
+    (2 % idle, tail 7 % of the tiles), where conv8 and c3d_conv2 (0.4 % and 1 % idle) lost 1-2 %
+    and conv9 (tail 28 % of the tiles) 2.5 %."""
+    loss = round_loss(count, blocks)
+    if tiles.thread_m == 8:
+        return loss > 0
+    tail = count - data_parallel_rounds(count, blocks) * blocks
+    return loss >= STREAM_K_16X8_MIN_LOSS and tail <= STREAM_K_16X8_MAX_TAIL * count
+
+
+def tail_in_own_launch(tiles: gemm.GemmTiles) -> bool:
+    """Whether a stream-K tail runs in a second launch of the kernel after its rounds of whole
+    tiles: for the 16x8 kernels, whose whole-tile loop ptxas allocated worse beside the tail's loop
+    in one kernel (conv8 10 % slower: docs/perf.md, GEMM v16).  The 8x8 kernels keep one launch."""
+    return tiles.thread_m == 16
 
 
 def data_parallel_rounds(tiles: int, blocks: int) -> int:

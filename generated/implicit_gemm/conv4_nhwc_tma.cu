@@ -3,7 +3,9 @@
 //   tiles: block_m=512 block_n=64 block_k=32 warp_m=64 warp_n=64 thread_m=16 thread_n=8 stages=3 async_copy=True vector_load=True vector_smem=True precomp=False split_k=1 tma=True
 //   index type: int (largest index 411041791)
 //   launch convgen_implicit_gemm_tma_fa185a6047_filter: grid (784, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_tma_fa185a6047_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_fa185a6047: grid (132, 1, 1) block (384, 1, 1) shared 222256 B
+//   launch convgen_implicit_gemm_tma_fa185a6047_tail: grid (132, 1, 1) block (384, 1, 1) shared 222256 B
 //   buffers: in x[128][224][224][64], in w[64][7][7][64], out y[128][109][109][64], workspace wt[49][64][64]
 
 //
@@ -86,10 +88,30 @@ convgen_implicit_gemm_tma_fa185a6047_filter(const float* __restrict__ w, float* 
     wt[((t) % 64) + 64*(((((t) / 64)) % 64)) + 4096*((t) / 4096)] = w[3136*(((t) % 64)) + ((((t) / 64)) % 64) + 64*((t) / 4096)];
 }
 
+// Zero the tiles whose slices two blocks share (the tile holding each block's first tail step, where that is not
+// a tile's first slice): the main kernel adds into them.
+extern "C" __global__ void __launch_bounds__(256)
+convgen_implicit_gemm_tma_fa185a6047_zero(float* __restrict__ y)
+{
+    const long long step = 271656LL + (long long)(blockIdx.x + 1) * 19502LL / 132;
+    if (step % 98 == 0) return;
+    const int tile = (int)(step / 98);
+    const idx_t m_tile = (idx_t)(tile / 1) * 512;
+    const int n_tile = (tile % 1) * 64;
+    for (int e = threadIdx.x; e < 32768; e += blockDim.x) {
+        const idx_t m_index = m_tile + e / 64;
+        const int oc = n_tile + e % 64;
+        if (m_index < 1520768 && oc < 64) y[m_index * 64 + oc] = 0.0f;
+    }
+}
+
 // Implicit GEMM y[1520768 x 64] = A[1520768 x 3136] * B[3136 x 64] fed by the tensor memory accelerator (sm_90).
 // The 2971 CTA tiles of 512x64 (output-channel tiles fastest) have 98 k-slices each: 49 filter tap(s) x
-// 2 slice(s) of 32 channels; the 132 persistent blocks take tiles block, block + 132, ...  For each
-// slice the producer thread issues TMA
+// 2 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 21 whole tile(s) (tile =
+// block + round * 132), then an equal share of the tail's 19502 (tile, slice) steps in order (stream-K), so that no
+// block waits on a last, partly filled wave of tiles; a tile whose slices two blocks share (130 here) was zeroed
+// by the launch before and is summed with atomic adds, the others are stored.
+// This launch runs the whole tiles, and convgen_implicit_gemm_tma_fa185a6047_tail after it the tail.  For each slice the producer thread issues TMA
 // copies on one "full" mbarrier: A in im2col mode (512 consecutive output pixels' input pixels at the slice's
 // tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
 // channels past C) under the 128-byte swizzle, and B as a 32x64 box of the transposed filter.  8
@@ -124,7 +146,7 @@ convgen_implicit_gemm_tma_fa185a6047(const __grid_constant__ convgen_tensor_map 
         if (warp != 8 || lane != 0) return;
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 2971; tile += gridDim.x) {
+        for (int tile = blockIdx.x; tile < 2772; tile += gridDim.x) {
             const int n_tile = (tile % 1) * 64;
             // The A tile's 2 im2col box(es) of 256 pixels start at these input coordinates (W first, then the image).
             int start[2][3];
@@ -169,7 +191,7 @@ convgen_implicit_gemm_tma_fa185a6047(const __grid_constant__ convgen_tensor_map 
     float acc[16][8];
     int stage = 0;
     unsigned phase = 0;
-    for (int tile = blockIdx.x; tile < 2971; tile += gridDim.x) {
+    for (int tile = blockIdx.x; tile < 2772; tile += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
 #pragma unroll
@@ -232,6 +254,181 @@ convgen_implicit_gemm_tma_fa185a6047(const __grid_constant__ convgen_tensor_map 
                 const int oc = n_first + 32 * j;
                 if (oc < 64)
                     *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            }
+        }
+    }
+}
+
+// Implicit GEMM y[1520768 x 64] = A[1520768 x 3136] * B[3136 x 64] fed by the tensor memory accelerator (sm_90).
+// The 2971 CTA tiles of 512x64 (output-channel tiles fastest) have 98 k-slices each: 49 filter tap(s) x
+// 2 slice(s) of 32 channels.  Each of the 132 persistent blocks first takes 21 whole tile(s) (tile =
+// block + round * 132), then an equal share of the tail's 19502 (tile, slice) steps in order (stream-K), so that no
+// block waits on a last, partly filled wave of tiles; a tile whose slices two blocks share (130 here) was zeroed
+// by the launch before and is summed with atomic adds, the others are stored.
+// This launch runs the tail, after convgen_implicit_gemm_tma_fa185a6047 has run the whole tiles.  For each slice the producer thread issues TMA
+// copies on one "full" mbarrier: A in im2col mode (512 consecutive output pixels' input pixels at the slice's
+// tap, 32 channels each, walked across rows and images by the hardware with zeros for padding and
+// channels past C) under the 128-byte swizzle, and B as a 32x64 box of the transposed filter.  8
+// consumer warp(s) of 64x64 outputs (16x8 per thread) wait on it, multiply from shared memory and release
+// the stage on its "empty" mbarrier; 3 stages in the ring, no block-wide barrier in the loop.
+extern "C" __global__ void __launch_bounds__(384, 1)
+convgen_implicit_gemm_tma_fa185a6047_tail(const __grid_constant__ convgen_tensor_map x_map, const __grid_constant__ convgen_tensor_map wt_map, float* __restrict__ y)
+{
+    // Dynamic shared memory (222256 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
+    // swizzle's period), 3 A tiles [512][32], 3 B tiles [32][64], then the full and empty mbarriers.
+    extern __shared__ __align__(16) unsigned char shared_memory[];
+    unsigned char* const aligned = shared_memory + ((1024u - (convgen_shared(shared_memory) & 1023u)) & 1023u);
+    float* const a_tiles = reinterpret_cast<float*>(aligned);
+    float* const b_tiles = a_tiles + 49152;
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(b_tiles + 6144);
+    unsigned long long* const empty = full + 3;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 3; ++s) {
+            convgen_barrier_init(&full[s], 1);
+            convgen_barrier_init(&empty[s], 8);
+        }
+        convgen_barrier_init_fence();
+    }
+    __syncthreads();
+    // This block's tail steps [span_begin, span_end); producer and consumers walk the same work.
+    const int span_begin = (int)(271656LL + (long long)blockIdx.x * 19502LL / 132);
+    const int span_end = (int)(271656LL + (long long)(blockIdx.x + 1) * 19502LL / 132);
+
+    if (warp >= 8) {
+        // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
+        // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp != 8 || lane != 0) return;
+        int stage = 0;
+        unsigned phase = 0;
+        // The stream-K tail, in pieces of at most one tile.
+        for (int step = span_begin; step < span_end;) {
+            const int tile = step / 98;
+            const int k_first = step - tile * 98;
+            const int k_last = min(98, k_first + span_end - step);
+            step += k_last - k_first;
+            const int n_tile = (tile % 1) * 64;
+            // The A tile's 2 im2col box(es) of 256 pixels start at these input coordinates (W first, then the image).
+            int start[2][3];
+#pragma unroll
+            for (int box = 0; box < 2; ++box) {
+                const idx_t col = (idx_t)(tile / 1) * 512 + box * 256;
+                const idx_t n = ((col) / 11881);
+                const idx_t o0 = ((((col) / 109)) % 109);
+                const idx_t o1 = ((col) % 109);
+                start[box][0] = (int)(2*o1);
+                start[box][1] = (int)(2*o0);
+                start[box][2] = (int)n;
+            }
+            for (int k = k_first; k < k_last; ++k) {
+                const int kk = k / 2;
+                const int c0 = (k % 2) * 32;
+                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_expect(&full[stage], 73728);
+#pragma unroll
+                for (int box = 0; box < 2; ++box)
+                    convgen_im2col_copy(a_tiles + stage * 16384 + box * 8192, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 7)), (unsigned short)(((kk) / 7)));
+                convgen_tensor_copy(b_tiles + stage * 2048, &wt_map, &full[stage], n_tile, c0, kk);
+                if (++stage == 3) {
+                    stage = 0;
+                    phase ^= 1u;
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    // Consumer warp (warp % 8, warp / 8) owns 64 pixels x 64 channels; lane (lane / 8, lane % 8) owns
+    // pixels lane/8 + 4i (i < 16) and channels 4*(lane % 8) + 32j + (0..3) (j < 2).
+    const int lane_m = lane / 8;
+    const int lane_n = lane % 8;
+    const int warp_m = warp % 8;
+    const int warp_n = warp / 8;
+    // A rows are 128 bytes: 16-byte chunk q of pixel row r sits at chunk q ^ (r % 8) (the swizzle), and
+    // r % 8 is lane_m + 4 * (i % 2) for this thread's rows, so one XOR per chunk finds them.
+    const unsigned a_row0 = (unsigned)(warp_m * 64 + lane_m) * 128u;
+    const unsigned b_col0 = (unsigned)(warp_n * 64 + lane_n * 4) * 4u;
+    float acc[16][8];
+    int stage = 0;
+    unsigned phase = 0;
+    // The tail in its own loop, so that the rounds of whole tiles keep their own copy of the slice loop: with
+    // one loop over both, ptxas allocated the FMA loop's registers differently and the whole-tile rounds ran
+    // 5-7 % slower (dispatch stalls 0.31 -> 0.52 cycles per instruction; docs/perf.md, GEMM v16).
+    for (int step = span_begin; step < span_end;) {
+        const int tile = step / 98;
+        const int k_first = step - tile * 98;
+        const int k_last = min(98, k_first + span_end - step);
+        step += k_last - k_first;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        }
+        for (int k = k_first; k < k_last; ++k) {
+            convgen_barrier_wait(&full[stage], phase);
+            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 16384) + a_row0;
+            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 2048) + b_col0;
+            // Not unrolled: the slice's 4,096 FMAs unrolled are 64 KB of code, past the instruction cache.
+#pragma unroll 1
+            for (int chunk = 0; chunk < 8; ++chunk) {
+                // Four k-steps: A as float4 along k (one per pixel row), B as float4 along n (two per k-step).
+                const unsigned a_even = (unsigned)(chunk ^ lane_m) << 4;
+                float4 a[16];
+#pragma unroll
+                for (int i = 0; i < 16; ++i)
+                    a[i] = *reinterpret_cast<const float4*>(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
+                float4 b[4][2];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        b[q][j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 256 + j * 128);
+                }
+                // Rows outermost, so that a row's A float4 dies after its 32 FMAs and the 16 rows never hold
+                // 64 A registers at once; within a row the k-steps run serpentine along n (the reuse cache).
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float a_value = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+#pragma unroll
+                        for (int jj = 0; jj < 8; ++jj) {
+                            const int j = q % 2 ? 7 - jj : jj;
+                            const float4 group = b[q][j / 4];
+                            const float b_value = j % 4 == 0 ? group.x : j % 4 == 1 ? group.y : j % 4 == 2 ? group.z : group.w;
+                            acc[i][j] = fmaf(a_value, b_value, acc[i][j]);
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (++stage == 3) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        // Epilogue straight from registers: the output is (pixels, 64) row-major in channels-last layouts.
+        // A tile shared with another block is added, not stored.
+        const bool whole = k_first == 0 && k_last == 98;
+        const idx_t m_tile = (idx_t)(tile / 1) * 512;
+        const int n_first = (tile % 1) * 64 + warp_n * 64 + lane_n * 4;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const idx_t m_index = m_tile + warp_m * 64 + lane_m + 4 * i;
+            if (m_index >= 1520768) continue;
+            float* const out = y + m_index * 64;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int oc = n_first + 32 * j;
+                if (oc < 64 && whole)
+                    *reinterpret_cast<float4*>(out + oc) = make_float4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                else if (oc < 64) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) atomicAdd(out + oc + e, acc[i][4 * j + e]);
+                }
             }
         }
     }
@@ -323,10 +520,14 @@ extern "C" cudaError_t convgen_implicit_gemm_conv4_nhwc_tma(const float* x, cons
                                                        element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_fa185a6047, cudaFuncAttributeMaxDynamicSharedMemorySize, 222256);
-    if (opted != cudaSuccess) return opted;
+    const cudaError_t opted0 = cudaFuncSetAttribute(convgen_implicit_gemm_tma_fa185a6047, cudaFuncAttributeMaxDynamicSharedMemorySize, 222256);
+    if (opted0 != cudaSuccess) return opted0;
+    const cudaError_t opted1 = cudaFuncSetAttribute(convgen_implicit_gemm_tma_fa185a6047_tail, cudaFuncAttributeMaxDynamicSharedMemorySize, 222256);
+    if (opted1 != cudaSuccess) return opted1;
     convgen_implicit_gemm_tma_fa185a6047_filter<<<dim3(784, 1, 1), dim3(256, 1, 1), 0, stream>>>(w, wt);
+    convgen_implicit_gemm_tma_fa185a6047_zero<<<dim3(131, 1, 1), dim3(256, 1, 1), 0, stream>>>(y);
     convgen_implicit_gemm_tma_fa185a6047<<<dim3(132, 1, 1), dim3(384, 1, 1), 222256, stream>>>(x_map, wt_map, y);
+    convgen_implicit_gemm_tma_fa185a6047_tail<<<dim3(132, 1, 1), dim3(384, 1, 1), 222256, stream>>>(x_map, wt_map, y);
     return cudaGetLastError();
 }
 
