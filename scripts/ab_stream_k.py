@@ -3,14 +3,16 @@
 v15 measured the 16x8 kernels 6-9 % slower with the stream-K tail and left the cause open; v16
 found it with this script.  The configurations, on the heuristic's 16x8 tiles (8x8 with
 --thread-m 8): whole tiles only; the hybrid stream-K tail (forced on, whatever the package would
-choose); the hybrid with plain stores where shared tiles take atomic adds (an edit of a scratch
-copy of the templates, wrong by design and its error shows it: timing only, to price the
-atomics).  ``--timeline`` (with ``--profile``) instead prints, for every block, the global timer
-when it started, when it reached the first tile past the data-parallel rounds, and when it
-finished: where the time goes, rounds or tail.  Beside the benchmark layers, ``even`` is a
-conv8-like spec (33 images of 130x130) whose 2,112 tiles fill 16 rounds on 132 SMs exactly: the
-hybrid has no tail there, and with no tail steps the compiler drops the tail's code.  Each kernel is checked against cuDNN on a NaN-poisoned output and
-timed in interleaved rounds with cuDNN's channels-last fp32 in the same process.
+choose), in the kernel or in a second launch after the rounds of whole tiles; the hybrid with
+plain stores where shared tiles take atomic adds (an edit of a scratch copy of the templates,
+wrong by design and its error shows it: timing only, to price the atomics).  ``--timeline``
+(with ``--profile``) instead prints, for every block, the global timer when it started, when it
+reached the first tile past the data-parallel rounds, and when it finished: where the time goes,
+rounds or tail.  Beside the benchmark layers, ``even`` is a conv8-like spec (33 images of
+130x130) whose 2,112 tiles fill 16 rounds on 132 SMs exactly: the hybrid has no tail there, and
+with no tail steps the compiler drops the tail's code.  Each kernel is checked against cuDNN on
+a NaN-poisoned output and timed in interleaved rounds with cuDNN's channels-last fp32 in the
+same process.
 
     PYTHONPATH=$PWD python3 scripts/ab_stream_k.py [LAYER ...] [--thread-m 8] [--out DIR] [--only NAME ...]
     PYTHONPATH=$PWD ncu --clock-control none -k regex:implicit_gemm_tma python3 scripts/ab_stream_k.py --profile NAME LAYER
@@ -42,10 +44,11 @@ EDITS = {  # scratch-template edit: [(text, replacement), ...]
          "}\n{%- endmacro %}\n\n{%- macro host_reference()"),
     ],
 }
-CONFIGS = {  # name: (stream-K forced on, scratch-template edit or None)
-    "whole tiles": (False, None),
-    "hybrid": (True, None),
-    "hybrid, no atomics": (True, "no atomics"),
+CONFIGS = {  # name: (stream-K forced on, tail in a launch of its own, scratch-template edit or None)
+    "whole tiles": (False, False, None),
+    "hybrid": (True, False, None),
+    "hybrid, tail launch": (True, True, None),
+    "hybrid, no atomics": (True, False, "no atomics"),
 }
 EVEN = {"name": "even", "N": 33, "C": 64, "H": 130, "W": 130, "K": 128, "R": 3, "S": 3,
         "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1]}
@@ -92,7 +95,7 @@ def main() -> int:
     chosen = [args.profile] if args.profile else [c for c in CONFIGS if not args.only or c in args.only]
     results = []
     templates = render.TEMPLATE_DIR
-    keep_choice = implicit_gemm.takes_stream_k
+    keep_choice = implicit_gemm.takes_stream_k, implicit_gemm.tail_in_own_launch
     scratch = Path(tempfile.mkdtemp(prefix="ab-stream-k-"))
     for layer in layers:
         layout = "NDHWC" if "D" in layer else "NHWC"
@@ -102,16 +105,17 @@ def main() -> int:
         runs = {} if args.profile else {"cuDNN": case.run_cudnn}
         rows = []
         for name in chosen:
-            forced, edit = CONFIGS[name]
+            forced, own_launch, edit = CONFIGS[name]
             if args.timeline:
                 edit = "timeline"
             render.TEMPLATE_DIR = scratch_templates(templates, scratch, edit)
             render.environment.cache_clear()
             implicit_gemm.takes_stream_k = lambda tiles, count, blocks, on=forced: on
+            implicit_gemm.tail_in_own_launch = lambda tiles, on=own_launch: on
             try:
                 kernel = build("implicit_gemm", spec, implicit_gemm.FAMILY.tma_tiles(spec, args.thread_m).to_dict())
             finally:
-                implicit_gemm.takes_stream_k = keep_choice
+                implicit_gemm.takes_stream_k, implicit_gemm.tail_in_own_launch = keep_choice
             context = kernel.plan.context
             y.fill(float("nan"))
             kernel.launch([x, w], y)
@@ -120,7 +124,7 @@ def main() -> int:
                     kernel.launch([x, w], y)
                 cupy.cuda.Device().synchronize()
                 continue
-            main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
+            main_kernel = kernel.compiled.resources[context["kernel"]]
             runs[name] = lambda k=kernel: k.launch([x, w], y)
             rows.append({"layer": layer["name"], "config": name, "tiles": kernel.plan.tiles.describe(),
                          "stream_k": context["stream_k"], "dp_rounds": context["dp_rounds"],
