@@ -83,6 +83,17 @@ def median_seconds(fn, repeats: int = 10, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(runs: dict, rounds: int, repeats: int = 10) -> dict[str, float]:
+    """Seconds of each of ``runs`` (name: callable), the median over ``rounds`` rounds that each
+    time every run once (``median_seconds`` of ``repeats`` calls): an A/B whose variants take turns,
+    so that clock and temperature drift fall on all of them alike."""
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            samples[name].append(median_seconds(run, repeats, warmup=1))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import cupy

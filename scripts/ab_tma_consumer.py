@@ -15,7 +15,6 @@ outputs and timed in interleaved rounds with cuDNN's channels-last fp32 in the s
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -58,7 +57,7 @@ def main() -> int:
 
     from codegen import render
     from codegen.api import build
-    from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers
+    from codegen.bench import CudnnCase, interleaved_medians, layer_spec, load_shapes, select_layers
     from codegen.families import gemm, implicit_gemm
     from codegen.families.gemm import flops as gemm_flops
     from codegen.spec import SpecError
@@ -99,15 +98,12 @@ def main() -> int:
                          "arch": kernel.compiled.arch, "registers": main_kernel.registers,
                          "spill_bytes": main_kernel.spill_stores, "nan_left": bool(cupy.isnan(y).any()),
                          "relative_error_vs_cudnn": case.relative_error()})
-        samples = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                samples[name].append(median_seconds(run, 10, warmup=1))
+        times = interleaved_medians(runs, args.rounds)
         flops = gemm_flops(spec)
-        cudnn_seconds = statistics.median(samples["cuDNN"])
-        heuristic = statistics.median(samples["heuristic"])
+        cudnn_seconds = times["cuDNN"]
+        heuristic = times["heuristic"]
         for row in rows:
-            seconds = statistics.median(samples[row["config"]])
+            seconds = times[row["config"]]
             row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, vs_heuristic=heuristic / seconds,
                        vs_cudnn=cudnn_seconds / seconds, cudnn_tflops=flops / cudnn_seconds / 1e12)
         results += rows

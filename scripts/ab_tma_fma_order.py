@@ -11,7 +11,6 @@ interleaved rounds on the compute-bound layers.
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -71,7 +70,7 @@ def main() -> int:
 
     from codegen import render
     from codegen.api import build
-    from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers
+    from codegen.bench import CudnnCase, interleaved_medians, layer_spec, load_shapes, select_layers
     from codegen.families import implicit_gemm
     from codegen.families.gemm import flops as gemm_flops
 
@@ -99,15 +98,12 @@ def main() -> int:
                 results.append({"layer": layer["name"], "layout": layout, "order": name, "tiles": kernel.plan.tiles.describe(),
                                 "registers": main_kernel.registers, "spill_bytes": main_kernel.spill_stores,
                                 "relative_error_vs_cudnn": case.relative_error()})
-            samples = {name: [] for name in kernels}
-            for _ in range(args.rounds):
-                for name, kernel in kernels.items():
-                    samples[name].append(median_seconds(lambda k=kernel: k.launch([x, w], y), 10, warmup=1))
+            times = interleaved_medians({name: lambda k=kernel: k.launch([x, w], y) for name, kernel in kernels.items()},
+                                        args.rounds)
             flops = gemm_flops(spec)
             for row in results[-len(kernels):]:
-                seconds = statistics.median(samples[row["order"]])
-                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12,
-                           vs_serpentine=statistics.median(samples["serpentine"]) / seconds)
+                seconds = times[row["order"]]
+                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, vs_serpentine=times["serpentine"] / seconds)
             print(f"[{layer['name']}] " + ", ".join(f"{r['order']} {r['tflops']:.1f}" for r in results[-len(kernels):]),
                   file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -346,3 +346,21 @@ def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch,
     monkeypatch.setattr(tune, "refresh", lambda db: [])
     assert main(["tune", "--refresh", "--db", str(tmp_path / "tuning.json")]) == 0
     assert "no stale entries" in capsys.readouterr().out
+
+
+def test_interleaved_medians_take_turns_and_keep_each_runs_median(monkeypatch):
+    """The A/B scripts' timing: every round times each variant once, in order, and each variant
+    gets the median of its own rounds (a drift that slows round 2 for all does not pick a winner)."""
+    from codegen import bench
+
+    calls = []
+    seconds = {"a": iter([1.0, 9.0, 2.0]), "b": iter([3.0, 8.0, 4.0])}
+
+    def fake_median(run, repeats, warmup):
+        calls.append(run())
+        return next(seconds[calls[-1]])
+
+    monkeypatch.setattr(bench, "median_seconds", fake_median)
+    times = bench.interleaved_medians({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
+    assert calls == ["a", "b"] * 3
+    assert times == {"a": 2.0, "b": 4.0}
