@@ -89,7 +89,7 @@ convgen_implicit_gemm_tma_fa185a6047_filter(const float* __restrict__ w, float* 
 }
 
 // Zero the tiles whose slices two blocks share (the tile holding each block's first tail step, where that is not
-// a tile's first slice): the main kernel adds into them.
+// a tile's first slice): the stream-K tail adds into them.
 extern "C" __global__ void __launch_bounds__(256)
 convgen_implicit_gemm_tma_fa185a6047_zero(float* __restrict__ y)
 {
