@@ -214,7 +214,7 @@ class ImplicitGemm(Family):
             register_split=gemm.tma_register_split(tiles),
             consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles), shared_bytes=shared,
             alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
-            tiles_total=m_tiles * n_tiles, c_chunks=-(-spec.c // block_k), im2col_rank=spec.dims + 2,
+            tiles_total=count, c_chunks=-(-spec.c // block_k), im2col_rank=spec.dims + 2,
             origin=im2col["origin"], tap_offsets=im2col["tap_offsets"], vector_store=vector_store,
             transpose={key: value for key, value in transposed.items() if key != "exprs"},
         )
