@@ -5,6 +5,9 @@ string in the kernel; the same plan always renders byte-identical source.
 """
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -14,7 +17,9 @@ import jinja2
 from codegen import __version__
 from codegen.families.base import KernelPlan
 
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+PACKAGE_TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATE_DIR = PACKAGE_TEMPLATES
+"""Where templates are read from: the package's, or inside ``templates_from`` an edited copy."""
 
 
 @lru_cache(maxsize=1)
@@ -27,6 +32,31 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=False,
         autoescape=False,
     )
+
+
+def edited_templates(root: Path, name: str, edit: Callable[[str], str], template: str = "implicit_gemm.cu.j2") -> Path:
+    """A copy of the package's templates in ``root / name`` whose ``template`` reads ``edit(text)``,
+    for an A/B script's variant of a kernel (made once; a later call returns the copy)."""
+    target = Path(root) / name
+    if not target.exists():
+        shutil.copytree(PACKAGE_TEMPLATES, target)
+        path = target / template
+        path.write_text(edit(path.read_text()))
+    return target
+
+
+@contextmanager
+def templates_from(directory: Path) -> Iterator[None]:
+    """Render from ``directory`` (an ``edited_templates`` copy) inside the block, the package's
+    templates again after it."""
+    global TEMPLATE_DIR
+    TEMPLATE_DIR = Path(directory)
+    environment.cache_clear()
+    try:
+        yield
+    finally:
+        TEMPLATE_DIR = PACKAGE_TEMPLATES
+        environment.cache_clear()
 
 
 @dataclass(frozen=True)

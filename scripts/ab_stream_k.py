@@ -20,7 +20,6 @@ same process.
 """
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -37,10 +36,10 @@ EDITS = {  # scratch-template edit: [(text, replacement), ...]
         ("            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;\n        }\n",
          "            for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;\n        }\n"
          "        if (!tail_began && tile >= {{ dp_rounds * grid_blocks }}) { " + TIMER + " tail_began = now; }\n"),
-        ("{%- endif %}\n}\n{%- endmacro %}\n\n{%- macro host_reference()",
+        ("{%- endif %}\n}\n{%- endmacro %}\n\n{#- The TMA kernel (tiles.tma)",
          "{%- endif %}\n    " + TIMER + "\n"
          '    if (threadIdx.x == 0) printf("timeline %d %llu %llu %llu\\n", blockIdx.x, began, tail_began, now);\n'
-         "}\n{%- endmacro %}\n\n{%- macro host_reference()"),
+         "}\n{%- endmacro %}\n\n{#- The TMA kernel (tiles.tma)"),
     ],
 }
 CONFIGS = {  # name: (stream-K forced on, tail in a launch of its own, scratch-template edit or None)
@@ -53,20 +52,12 @@ EVEN = {"name": "even", "N": 33, "C": 64, "H": 130, "W": 130, "K": 128, "R": 3, 
         "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1]}
 
 
-def scratch_templates(source: Path, root: Path, edit: str | None) -> Path:
-    """The templates with one of ``EDITS`` applied to a scratch copy (as they are for None)."""
-    if edit is None:
-        return source
-    target = root / edit.replace(" ", "-")
-    if not target.exists():
-        shutil.copytree(source, target)
-        path = target / "implicit_gemm.cu.j2"
-        template = path.read_text()
-        for text, replacement in EDITS[edit]:
-            assert template.count(text) == 1, f"the template text of '{edit}' moved: update EDITS"
-            template = template.replace(text, replacement)
-        path.write_text(template)
-    return target
+def edited(template: str, edit: str) -> str:
+    """``template`` with the replacements of ``EDITS[edit]``, each of whose texts it holds once."""
+    for text, replacement in EDITS[edit]:
+        assert template.count(text) == 1, f"the template text of '{edit}' moved: update EDITS"
+        template = template.replace(text, replacement)
+    return template
 
 
 def main() -> int:
@@ -93,7 +84,6 @@ def main() -> int:
     layers = select_layers(shapes["conv2d_mec"] + shapes["conv3d"] + [EVEN], args.layers)
     chosen = [args.profile] if args.profile else [c for c in CONFIGS if not args.only or c in args.only]
     results = []
-    templates = render.TEMPLATE_DIR
     keep_choice = implicit_gemm.takes_stream_k, implicit_gemm.tail_in_own_launch
     scratch = Path(tempfile.mkdtemp(prefix="ab-stream-k-"))
     for layer in layers:
@@ -107,12 +97,13 @@ def main() -> int:
             forced, own_launch, edit = CONFIGS[name]
             if args.timeline:
                 edit = "timeline"
-            render.TEMPLATE_DIR = scratch_templates(templates, scratch, edit)
-            render.environment.cache_clear()
+            directory = (render.edited_templates(scratch, edit.replace(" ", "-"), lambda text, e=edit: edited(text, e))
+                         if edit else render.PACKAGE_TEMPLATES)
             implicit_gemm.takes_stream_k = lambda tiles, count, blocks, on=forced: on
             implicit_gemm.tail_in_own_launch = lambda tiles, on=own_launch: on
             try:
-                kernel = build("implicit_gemm", spec, implicit_gemm.FAMILY.tma_tiles(spec, args.thread_m).to_dict())
+                with render.templates_from(directory):
+                    kernel = build("implicit_gemm", spec, implicit_gemm.FAMILY.tma_tiles(spec, args.thread_m).to_dict())
             finally:
                 implicit_gemm.takes_stream_k, implicit_gemm.tail_in_own_launch = keep_choice
             context = kernel.plan.context

@@ -14,7 +14,6 @@ outputs and timed in interleaved rounds with cuDNN's channels-last fp32 in the s
 """
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,18 +30,10 @@ CONFIGS = {  # name: (micro-tile rows for tma_tiles, tile changes, 16-row chunk 
 }
 
 
-def scratch_templates(source: Path, root: Path, unrolled: bool) -> Path:
-    """The templates, with the 16-row consumer's chunk loop unrolled when asked (else as they are)."""
-    if not unrolled:
-        return source
-    target = root / "unrolled"
-    if not target.exists():
-        shutil.copytree(source, target)
-        path = target / "implicit_gemm.cu.j2"
-        text = path.read_text()
-        assert text.count(ROLLED) == 1, "the 16-row chunk loop moved: update ROLLED"
-        path.write_text(text.replace(ROLLED, "#pragma unroll\n"))
-    return target
+def unrolled(template: str) -> str:
+    """The template with the 16-row consumer's chunk loop unrolled."""
+    assert template.count(ROLLED) == 1, "the 16-row chunk loop moved: update ROLLED"
+    return template.replace(ROLLED, "#pragma unroll\n")
 
 
 def main() -> int:
@@ -65,7 +56,6 @@ def main() -> int:
     shapes = load_shapes()
     layers = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], args.layers)
     results = []
-    templates = render.TEMPLATE_DIR
     keep_split = gemm.tma_register_split
     scratch = Path(tempfile.mkdtemp(prefix="ab-tma-"))
     for layer in layers:
@@ -75,16 +65,16 @@ def main() -> int:
         x, w, y = case.x, case.w, case.y
         runs = {"cuDNN": case.run_cudnn}
         rows = []
-        for name, (thread_rows, change, unrolled, split) in CONFIGS.items():
+        for name, (thread_rows, change, unroll, split) in CONFIGS.items():
             if args.only and name not in args.only and name != "heuristic":
                 continue
-            render.TEMPLATE_DIR = scratch_templates(templates, scratch, unrolled)
-            render.environment.cache_clear()
+            directory = render.edited_templates(scratch, "unrolled", unrolled) if unroll else render.PACKAGE_TEMPLATES
             try:
                 if not split:
                     gemm.tma_register_split = lambda tiles: None
                 base = implicit_gemm.FAMILY.tma_tiles(spec, thread_rows).to_dict()
-                kernel = build("implicit_gemm", spec, {**base, **change})
+                with render.templates_from(directory):
+                    kernel = build("implicit_gemm", spec, {**base, **change})
             except SpecError as error:
                 print(f"[{layer['name']}] {name}: refused ({error})", file=sys.stderr)
                 continue

@@ -10,7 +10,6 @@ interleaved rounds on the compute-bound layers.
 """
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -49,16 +48,10 @@ ORDERS = {
 }
 
 
-def scratch_templates(source: Path, root: Path, order: str | None) -> Path:
-    """A copy of the templates in ``source`` with the TMA kernel's FMA block replaced (None: unchanged)."""
-    target = root / (order or "serpentine")
-    shutil.copytree(source, target)
-    if order:
-        path = target / "implicit_gemm.cu.j2"
-        text = path.read_text()
-        start, end = text.index(ORDER_START), text.index(ORDER_END)
-        path.write_text(text[:start] + " " * 16 + ORDERS[order] + text[end:])
-    return target
+def with_order(template: str, order: str) -> str:
+    """The template with the TMA kernel's 8x8 FMA block in ``order``."""
+    start, end = template.index(ORDER_START), template.index(ORDER_END)
+    return template[:start] + " " * 16 + ORDERS[order] + template[end:]
 
 
 def main() -> int:
@@ -78,8 +71,9 @@ def main() -> int:
     layers = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], args.layers)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {name: scratch_templates(render.TEMPLATE_DIR, Path(tmp), None if name == "serpentine" else name)
-                    for name in ["serpentine", *ORDERS]}
+        variants = {"serpentine": render.PACKAGE_TEMPLATES,
+                    **{name: render.edited_templates(Path(tmp), name, lambda text, o=name: with_order(text, o))
+                       for name in ORDERS}}
         for layer in layers:
             layout = "NDHWC" if "D" in layer else "NHWC"
             spec = layer_spec(layer, layout, layer["N"])
@@ -88,9 +82,8 @@ def main() -> int:
             tiles = implicit_gemm.FAMILY.tma_tiles(spec, 8).to_dict()   # the orders are the 8x8 kernel's
             kernels = {}
             for name, directory in variants.items():
-                render.TEMPLATE_DIR = directory
-                render.environment.cache_clear()
-                kernel = build("implicit_gemm", spec, tiles)
+                with render.templates_from(directory):
+                    kernel = build("implicit_gemm", spec, tiles)
                 y.fill(float("nan"))
                 kernel.launch([x, w], y)
                 kernels[name] = kernel

@@ -66,3 +66,26 @@ def test_gemm_copy_switch_changes_the_kernel(family):
     copied = render_kernels(plan(family, spec, {"async_copy": True, "stages": 2})).code
     assert "cp.async" not in staged and "staged_a" in staged
     assert "cp.async" in copied and "staged_a" not in copied
+
+
+def test_an_edited_template_copy_renders_inside_its_block_only(tmp_path):
+    """The A/B scripts' variants: a copy of the templates with one edited renders inside
+    ``templates_from`` and nowhere else, also when the block raises; the copy is made once."""
+    from codegen import render as rendering
+
+    kernel_plan = plan("im2col", SPEC)
+    package = render_kernels(kernel_plan).code
+    edits = []
+
+    def mark(text):
+        edits.append(text)
+        return text.replace('extern "C" __global__', '// EDITED\nextern "C" __global__')
+
+    copy = rendering.edited_templates(tmp_path, "marked", mark, "im2col.cu.j2")
+    assert rendering.edited_templates(tmp_path, "marked", mark, "im2col.cu.j2") == copy and len(edits) == 1
+    with rendering.templates_from(copy):
+        assert "// EDITED" in render_kernels(kernel_plan).code
+    assert render_kernels(kernel_plan).code == package
+    with pytest.raises(RuntimeError), rendering.templates_from(copy):
+        raise RuntimeError
+    assert render_kernels(kernel_plan).code == package
