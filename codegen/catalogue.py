@@ -39,8 +39,8 @@ class Entry:
 def entries() -> list[Entry]:
     """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
     variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
-    3D layers in both layouts, plus its TMA kernel (sm_90) in the channels-last layouts it takes,
-    and im2win in the benchmark's channels-first layouts (heuristic tiles, batch as benchmarked)."""
+    3D layers in both layouts, plus its TMA kernel (sm_90) in the channels-last layouts it takes
+    and the channels-first ones where its gathered A tile pays, and im2win in the benchmark's channels-first layouts (heuristic tiles, batch as benchmarked)."""
     shapes = load_shapes()
     found = []
     for layer in shapes["conv2d_mec"] + shapes["conv3d"]:
@@ -48,7 +48,7 @@ def entries() -> list[Entry]:
         for layout in layouts:
             spec = layer_spec(layer, layout, layer.get("N", BATCH))
             found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}", spec, _heuristic("implicit_gemm", spec)))
-            if spec.layout.channels_last and implicit_gemm.tma_suits(spec):
+            if implicit_gemm.tma_suits(spec) and (spec.layout.channels_last or implicit_gemm.gather_pays(spec)):
                 found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_tma", spec,
                                    implicit_gemm.FAMILY.tma_tiles(spec).to_dict()))
             if layout in ("NCHW", "NCDHW"):

@@ -695,6 +695,26 @@ def im2col_map_terms(algebra: IndexAlgebra) -> dict:
     }
 
 
+def gather_terms(algebra: IndexAlgebra) -> dict:
+    """The channels-first image as the TMA kernel's producer warps gather it, one 4-byte cp.async
+    per element: ``gemm_terms``' per-pixel base, origins and padded axes, plus the offset of a
+    k-slice's tap at channel 0 (``tap_delta``, of k0, k1[, k2]) and the stride between channels,
+    so that channel c of the slice's tap is base + tap_delta + c * channel_stride.  The output
+    terms (``y_base``, ``y_oc_stride``) place the tile's pixels in the channels-first output."""
+    if algebra.spec.layout.channels_last:
+        raise ValueError("the gathered A operand is for channels-first images (channels-last ones use an im2col map)")
+    terms = gemm_terms(algebra, "image")
+    delta = terms["a_delta"]
+    channel_stride = int(delta.coeff(algebra.c))
+    tap_delta = sympy.expand(delta - channel_stride * algebra.c)
+    return {
+        **{key: terms[key] for key in ("a_base", "a_origin", "a_checked", "y_base", "y_oc_stride")},
+        "tap_delta": to_c(tap_delta),
+        "channel_stride": channel_stride,
+        "exprs": {**terms["exprs"], "tap_delta": tap_delta},
+    }
+
+
 def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> dict:
     """The channels-last filter K x taps x C rewritten as taps x C x K, with K padded to a multiple
     of ``pitch_multiple`` (TMA row strides must be multiples of 16 bytes), as a TMA tensor of

@@ -324,12 +324,12 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The TMA implicit GEMM's plan run on the CPU, block by block over its whole tiles and, with
     stream-K, its span of (tile, slice) steps: the filter is transposed into its workspace by the
     printed source and destination offsets (NaN where nothing is written), the tiles that blocks
-    share are zeroed, each slice's A and B tiles are gathered through the tensor maps' dims, byte
-    strides, corners and traversal strides (zeros outside a tensor) at the coordinates the producer
-    computes (from the expressions it prints), and the tile's rows and channels that lie inside the
-    output are stored, or added where the tile is shared (NaN where nothing is written).
-    The hardware's share is taken from its documentation (``im2col_walk``); the GPU tests check
-    that reading of it."""
+    share are zeroed, each slice's B tile and (channels-last) A tile are read through the tensor
+    maps' dims, byte strides, corners and traversal strides (zeros outside a tensor) at the
+    coordinates the producer computes (from the expressions it prints), or (channels-first) A is
+    gathered by the printed offsets, and the tile's rows and channels that lie inside the output
+    are stored, or added where the tile is shared (NaN where nothing is written).  The hardware's
+    share is taken from its documentation (``im2col_walk``); the GPU tests check that reading of it."""
     from codegen.families import get_family
     from codegen.families.implicit_gemm import shared_tiles, stream_k_span
 
@@ -337,10 +337,9 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     tiles = family.complete_tiles(spec, {**(tiles if isinstance(tiles, dict) else tiles.to_dict()), "tma": True})
     plan = family.plan(spec, tiles)
     context = plan.context
-    x_map, w_map = plan.launches[-1].tensor_maps
+    *x_maps, w_map = plan.launches[-1].tensor_maps
     alg = IndexAlgebra(spec)
     transpose = index.transposed_filter_terms(alg)
-    im2col = index.im2col_map_terms(alg)["exprs"]
     flat_w = np.asarray(w, dtype=np.float64).reshape(-1)
     wt = np.full(int(np.prod(transpose["shape"])), np.nan)
     t = np.arange(transpose["elements"])
@@ -357,9 +356,11 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     bm, bn, bk = context["BM"], context["BN"], context["BK"]
     gemm_m, gemm_n = context["GEMM_M"], context["GEMM_N"]
-    assert not context["vector_store"] or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
+    if context["gather"]:
+        assert not context["vector_store"] or gemm_m // spec.n % 4 == 0, "float4 stores would cross an image"
+    else:
+        assert not context["vector_store"] or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
     y = np.full(gemm_m * gemm_n, np.nan)
-    names = ["n", *(f"o{j}" for j in range(spec.dims))]
     slices = context["slices"]
 
     def tile_rows(tile: int):
@@ -389,29 +390,83 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
             step += k_last - k_first
             yield tile, k_first, k_last
 
+    if context["gather"]:
+        a_tile = _gathered_a_tile(spec, context, flat_x)
+    else:
+        a_tile = _im2col_a_tile(spec, context, flat_x, x_maps[0], read)
     for block in range(blocks):
         for tile, k_first, k_last in work(block):
             col = tile // context["n_tiles"] * bm
             n_tile = tile % context["n_tiles"] * bn
-            starts = []
-            for box in range(context["boxes"]):
-                pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
-                         for name, expr in zip(names, alg.col_coords)}
-                starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
+            load = a_tile(col)
             acc = np.zeros((bm, bn))
             for k in range(k_first, k_last):
                 kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
-                offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
-                walk = np.array([pixel for start in starts
-                                 for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
                 channels = c0 + np.arange(bk)[None, :]
-                a = read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
                 b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
-                acc += a @ b
+                acc += load(kk, c0) @ b
             whole = k_first == 0 and k_last == slices
             for flat, i, count in tile_rows(tile):
                 y[flat] = acc[i, :count] if whole else y[flat] + acc[i, :count]
+    if context["gather"]:   # the rows above are (pixel, channel); the kernel stores channels-first
+        y = y.reshape(spec.n, -1, gemm_n).transpose(0, 2, 1)
     return y.reshape(alg.output_shape)
+
+
+def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
+    """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
+    the producer's im2col copies load it (box origins from the printed expressions)."""
+    alg = IndexAlgebra(spec)
+    im2col = index.im2col_map_terms(alg)["exprs"]
+    names = ["n", *(f"o{j}" for j in range(spec.dims))]
+
+    def a_tile(col: int):
+        starts = []
+        for box in range(context["boxes"]):
+            pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
+                     for name, expr in zip(names, alg.col_coords)}
+            starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
+
+        def load(kk: int, c0: int) -> np.ndarray:
+            offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
+            walk = np.array([pixel for start in starts
+                             for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
+            channels = c0 + np.arange(context["BK"])[None, :]
+            return read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
+        return load
+    return a_tile
+
+
+def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
+    """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
+    the producer warps gather it from a channels-first image: per pixel the printed base and
+    origins, per slice the tap's delta plus channel times the channel stride, zeros (zero-size
+    copies) for pixels past the output, taps in the padding and channels past C."""
+    alg = IndexAlgebra(spec)
+    terms = index.gather_terms(alg)
+    exprs = terms["exprs"]
+    names = ["n", *(f"o{j}" for j in range(spec.dims))]
+    gemm_m, bk = context["GEMM_M"], context["BK"]
+
+    def a_tile(col: int):
+        cols = col + np.arange(context["BM"], dtype=np.int64)
+        inside = cols < gemm_m
+        pixel = {name: _eval(expr, col=np.where(inside, cols, 0)) for name, expr in zip(names, alg.col_coords)}
+        base = _eval(exprs["a_base"], **pixel)
+        origins = {check["axis"]: _eval(exprs["a_origin"][check["axis"]], **pixel) for check in terms["a_checked"]}
+
+        def load(kk: int, c0: int) -> np.ndarray:
+            taps = {f"k{j}": np.int64(_eval(e, kk=np.int64(kk))) for j, e in enumerate(alg.tap_coords)}
+            valid = inside.copy()
+            for check in terms["a_checked"]:
+                at = origins[check["axis"]] + taps[f"k{check['axis']}"] * spec.dilation[check["axis"]]
+                valid &= (at >= 0) & (at < check["size"])
+            channels = c0 + np.arange(bk)
+            present = valid[:, None] & (channels < spec.c)[None, :]
+            offset = base[:, None] + _eval(exprs["tap_delta"], **taps) + channels[None, :] * terms["channel_stride"]
+            return np.where(present, flat_x[np.where(present, offset, 0)], 0.0)
+        return load
+    return a_tile
 
 
 def evaluate(family: str, spec, *inputs: np.ndarray) -> np.ndarray:

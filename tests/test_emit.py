@@ -24,7 +24,8 @@ def test_catalogue_covers_every_benchmark_layer_and_layout():
     names = {(e.family, e.name) for e in catalogue.entries()}
     tma = {name for family, name in names if name.endswith("_tma") and family == "implicit_gemm"}
     assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma)
-    assert {"conv8_nhwc_tma", "conv4_nhwc_tma", "c3d_conv2_ndhwc_tma"} <= tma and len(tma) == 12  # C a multiple of 4
+    assert {"conv8_nhwc_tma", "conv4_nhwc_tma", "c3d_conv2_ndhwc_tma"} <= tma and len(tma) == 12 + 10  # C a multiple of 4
+    assert {"conv8_nchw_tma", "c3d_conv2_ncdhw_tma"} <= tma and "conv4_nchw_tma" not in tma   # gather_pays
     assert ("implicit_gemm", "c3d_conv2_ndhwc") in names and ("im2win", "conv4_nchw") in names
     assert ("im2col", "conv4_nchw") in names and ("col2im", "conv12_nhwc_scatter") in names
     assert ("direct", "filter_r4_constant") in names and ("direct", "c3d_conv2_ndhwc") in names
@@ -84,6 +85,21 @@ def test_tma_implicit_gemm_emission_encodes_both_maps_and_builds_with_its_selfte
     launches = [line.split("<<<")[0].strip() for line in text.splitlines() if "<<<" in line]
     assert len(launches) == 2 and launches[0] == launches[-1] + "_filter"
     assert text.index("convgen_encode_im2col_map(&x_map") < text.index("convgen_encode_map(&wt_map") < text.index("<<<")
+    _, rc, err = _nvcc(path, tmp_path)
+    assert rc == 0 and not err.strip(), err
+
+
+@needs_nvcc
+def test_channels_first_tma_emission_passes_the_image_and_builds_with_its_selftest(tmp_path):
+    """Channels-first, the TMA kernel gathers A itself: the launcher encodes only the workspace's
+    tiled map and passes the image pointer after it; the file and its self-test build without
+    warnings."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=40, k=70, input_size=(11, 13), filter_size=3, stride=(2, 1),
+                    padding=(1, 2))
+    path = emit("implicit_gemm", spec, tmp_path / "gather.cu", {"tma": True})
+    text = path.read_text()
+    assert "cuTensorMapEncodeIm2col" not in text and "convgen_encode_map(&wt_map" in text
+    assert "(wt_map, x, y)" in text and "cp.async.mbarrier.arrive.noinc" in text
     _, rc, err = _nvcc(path, tmp_path)
     assert rc == 0 and not err.strip(), err
 

@@ -384,7 +384,9 @@ def test_gemm_families_against_torch_conv(spec, seed, family):
 
 
 
-TMA_GEMM_SPECS = specs(vector_pitch=True, max_channels=40, max_k=70, max_elements=1 << 16, max_filter=5)
+TMA_GEMM_SPECS = st.one_of(specs(vector_pitch=True, max_channels=40, max_k=70, max_elements=1 << 16, max_filter=5),
+                           specs(layouts=(Layout.NCHW, Layout.NCDHW), max_channels=40, max_k=70, max_elements=1 << 16,
+                                 max_filter=5))
 TMA_GEMM_TILES = st.fixed_dictionaries({"tma": st.just(True), "block_m": st.sampled_from((32, 64, 128, 256, 512)),
                                         "block_n": st.sampled_from((64, 128, 256)), "stages": st.integers(2, 6),
                                         "thread_m": st.sampled_from((8, 16))}).map(
@@ -395,9 +397,9 @@ TMA_GEMM_TILES = st.fixed_dictionaries({"tma": st.just(True), "block_m": st.samp
 @given(spec=TMA_GEMM_SPECS, tiles=TMA_GEMM_TILES, seed=st.integers(0, 2**16))
 def test_tma_implicit_gemm_every_switch(spec, tiles, seed):
     """The TMA kernel (sm_90; sm_90a for 16-row micro-tiles) for every CTA tile, micro-tile and ring
-    depth on channels-last specs with stride, padding, dilation, channel tails (C not a multiple of
-    its 32-channel slices) and K tails, NaN-poisoned: padding comes from the im2col mode's zero
-    fill, tails from the store guards."""
+    depth on channels-last and channels-first specs with stride, padding, dilation, channel tails
+    (C not a multiple of its 32-channel slices) and K tails, NaN-poisoned: padding comes from the
+    im2col mode's zero fill or the gather's zero-size copies, tails from the store guards."""
     _assert_conv_matches("implicit_gemm", spec, tiles, seed)   # tiles over the register file or shared memory: assumed away
 
 
@@ -409,7 +411,8 @@ def test_tma_implicit_gemm_against_torch_conv(spec, seed):
     torch = _torch()
     ours_x, ours_w, theirs, (x, w) = _torch_case(spec, seed)
     y = build("implicit_gemm", spec, {"tma": True})(ours_x.contiguous(), ours_w.contiguous())
-    y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
+    if spec.layout.channels_last:
+        y = y.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
     error = float((y.double() - theirs).norm() / theirs.norm().clamp_min(1e-30))
     assert error < 1e-6 * max(1.0, _cancellation(spec, x, w, theirs)), error
     torch.testing.assert_close(y.double(), theirs, rtol=1e-5, atol=1e-5)
@@ -423,7 +426,8 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     boxes, the producer warpgroup's setmaxnreg); 137 tiles for 132 blocks, whose stream-K spans
     share tiles (zeroed, then summed with atomic adds); and 273 16x8 tiles with stream-K forced
     on (the package takes it for 16x8 only on long grids such as conv4's), whose tail runs in a
-    second launch after one round of whole tiles."""
+    second launch after one round of whole tiles.  Channels-first, the gathered A tile: the same
+    edges, strides past TMA's limit of 8, and shared tiles with float4 and with scalar stores."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -433,20 +437,29 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
         ConvSpec(dims=3, layout="NDHWC", n=2, c=8, k=33, input_size=(5, 7, 9), filter_size=(3, 2, 3),
                  stride=(2, 1, 3), padding=(1, 0, 2), dilation=(1, 2, 1)),
         ConvSpec(dims=2, layout="NHWC", n=4, c=64, k=96, input_size=(64, 64), filter_size=3, padding=1),
+        ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 1), filter_size=(1, 1)),
+        ConvSpec(dims=2, layout="NCHW", n=3, c=5, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
+        ConvSpec(dims=2, layout="NCHW", n=2, c=33, k=20, input_size=(40, 41), filter_size=(3, 5), stride=(9, 2),
+                 padding=(20, 9), dilation=(1, 3)),
+        ConvSpec(dims=3, layout="NCDHW", n=2, c=8, k=33, input_size=(5, 7, 9), filter_size=(3, 2, 3),
+                 stride=(2, 1, 3), padding=(1, 0, 2), dilation=(1, 2, 1)),
+        ConvSpec(dims=2, layout="NCHW", n=4, c=64, k=96, input_size=(64, 64), filter_size=3, padding=1),
     ]
     two_boxes = {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 512, "block_n": 64, "stages": 3}
     for spec in edge:
         _assert_conv_matches("implicit_gemm", spec, {"tma": True}, 0)
         _assert_conv_matches("implicit_gemm", spec, two_boxes, 0)
-    shared = ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
-    _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
+    for layout, size in (("NHWC", 132), ("NCHW", 132), ("NCHW", 131)):
+        shared = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(size, size), filter_size=3, padding=1)
+        _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
     from codegen.api import plan
     from codegen.families import implicit_gemm
 
     monkeypatch.setattr(implicit_gemm, "takes_stream_k", lambda tiles, count, blocks: True)
-    long_grid = ConvSpec(dims=2, layout="NHWC", n=8, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
-    assert plan("implicit_gemm", long_grid, two_boxes).context["tail_kernel"]
-    _assert_conv_matches("implicit_gemm", long_grid, two_boxes, 0)
+    for layout in ("NHWC", "NCHW"):
+        long_grid = ConvSpec(dims=2, layout=layout, n=8, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
+        assert plan("implicit_gemm", long_grid, two_boxes).context["tail_kernel"]
+        _assert_conv_matches("implicit_gemm", long_grid, two_boxes, 0)
 
 
 def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from codegen import index, maps
 from codegen.fuzz import check_index_maps, specs, tma_specs
 from codegen.index import IndexAlgebra, bounds_check
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, Layout
 
 
 @given(spec=specs(dims=2), seed=st.integers(0, 2**16))
@@ -338,6 +338,40 @@ def test_tma_implicit_gemm_algebra(spec, drawn, seed):
     assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
 
 
+@settings(max_examples=60, deadline=None)
+@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW), max_channels=40, max_k=70, max_size=12), drawn=TMA_GEMM_TILES,
+       seed=st.integers(0, 2**16))
+def test_tma_implicit_gemm_gather_algebra(spec, drawn, seed):
+    """The TMA implicit GEMM on channels-first data, on the CPU: each slice's A tile gathered by the
+    printed pixel bases, origins, tap delta and channel stride, with zeros for pixels past the
+    output, taps in the padding and channels past C; against the slicing reference."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    family = get_family("implicit_gemm")
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
+
+
+@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW), max_channels=9, max_size=9))
+def test_gather_terms_split_the_image_offset_into_pixel_tap_and_channel(spec):
+    """base(pixel) + tap_delta(tap) + c * channel_stride is x_offset of the input pixel the output
+    pixel reads at that tap, for every pixel, tap and channel."""
+    alg = index.IndexAlgebra(spec)
+    terms = index.gather_terms(alg)
+    col = np.arange(alg.cols)
+    coords = dict(zip(["n", *(f"o{j}" for j in range(spec.dims))], (index.evaluate(e, {"col": col}) for e in alg.col_coords)))
+    base = index.evaluate(terms["exprs"]["a_base"], coords)
+    for kk in range(alg.taps):
+        taps = {f"k{j}": index.evaluate(e, {"kk": np.int64(kk)}) for j, e in enumerate(alg.tap_coords)}
+        at = {str(i): index.evaluate(e, {**coords, **taps}) for i, e in zip(alg.i, alg.in_coord)}
+        for c in range(spec.c):
+            expected = index.evaluate(alg.x_offset, {**coords, **at, "c": np.int64(c)})
+            got = base + index.evaluate(terms["exprs"]["tap_delta"], taps) + c * terms["channel_stride"]
+            assert np.array_equal(np.broadcast_to(got, col.shape), np.broadcast_to(expected, col.shape))
+
+
 def test_stream_k_tail_covers_every_step_once_in_near_equal_shares():
     """Data-parallel rounds (tile = block + round * blocks) then the tail in equal step spans:
     together every (tile, slice) step once; a tile is shared exactly when two blocks' work meets
@@ -368,14 +402,15 @@ def test_tma_stream_k_sums_shared_tiles_on_the_cpu():
     from codegen.fuzz import compare
     from codegen.maps import tma_gemm_by_terms
 
-    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
     tiles = {"block_m": 256, "block_n": 64, "stages": 3}
     family = get_family("implicit_gemm")
-    context = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context
-    assert context["tiles_total"] == 137 and context["grid_blocks"] == 132
-    assert context["stream_k"] and context["split_tiles"] > 0
-    x, w = family.make_inputs(spec, np.random.default_rng(7))
-    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+    for layout in ("NHWC", "NCHW"):
+        spec = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
+        context = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context
+        assert context["tiles_total"] == 137 and context["grid_blocks"] == 132
+        assert context["stream_k"] and context["split_tiles"] > 0
+        x, w = family.make_inputs(spec, np.random.default_rng(7))
+        assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
 
 
 def test_im2col_walk_wraps_rows_and_images_inside_the_corners():

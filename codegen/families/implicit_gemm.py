@@ -21,6 +21,8 @@ long grids, there in a launch of its own).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from codegen import index
@@ -67,10 +69,12 @@ class ImplicitGemm(Family):
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
         full (K a multiple of 64, or K = 32, where the compiler drops a 64-wide tile's idle half)
         and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM, or ``TMA_MIN_STREAM_K_TILES_PER_SM``
-        where it shares out its tail (stream-K); the portable cp.async kernel otherwise.  Measured
-        on the H100 (docs/perf.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
-        channels-last layers this takes, 0.62-0.93x on the two it turns away."""
-        if compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32):
+        where it shares out its tail (stream-K), and on channels-first data where ``gather_pays``;
+        the portable cp.async kernel otherwise.  Measured on the H100 (docs/perf.md, GEMM v14, v15
+        and v17): 1.09-1.76x the cp.async kernel on the ten channels-last layers this takes, 0.62-0.93x
+        on the two it turns away; 1.02-1.16x on the eight channels-first layers it takes."""
+        if (compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32)
+                or not (spec.layout.channels_last or gather_pays(spec))):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
@@ -176,17 +180,29 @@ class ImplicitGemm(Family):
         gemm.check_geometry(tiles)
         alg = self.algebra(spec)
         gemm_m, gemm_n, _ = index.gemm_sizes(alg)
-        im2col = index.im2col_map_terms(alg)
         transposed = index.transposed_filter_terms(alg)
         block_k = gemm.TMA_FIXED["block_k"]
+        if spec.layout.channels_last:
+            im2col = index.im2col_map_terms(alg)
+            a_context = dict(gather=False, box_m=min(tiles.block_m, gemm.TMA_BOX_PIXELS), im2col_rank=spec.dims + 2,
+                             origin=im2col["origin"], tap_offsets=im2col["tap_offsets"])
+            a_context["boxes"] = tiles.block_m // a_context["box_m"]
+            vector_store = gemm_n % 4 == 0
+        else:
+            a_context = {"gather": True, **self._gather_context(alg, tiles)}
+            vector_store = math.prod(alg.out_size) % 4 == 0
         m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
         shared = gemm.tma_shared_bytes(tiles)
         count, blocks = self._tma_grid(spec, tiles)
         name = kernel_name(self.name, "tma", spec, tiles)
-        box_m = min(tiles.block_m, gemm.TMA_BOX_PIXELS)
-        x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
-                          corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
         w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
+        if spec.layout.channels_last:
+            box_m = min(tiles.block_m, gemm.TMA_BOX_PIXELS)
+            x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
+                              corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
+            image = {"tensor_maps": (x_map, w_map), "args": ("y",)}
+        else:
+            image = {"tensor_maps": (w_map,), "args": ("x", "y")}
         slices = alg.taps * -(-spec.c // block_k)
         stream_k = takes_stream_k(tiles, count, blocks)
         split = shared_tiles(count, slices, blocks) if stream_k else set()
@@ -196,10 +212,9 @@ class ImplicitGemm(Family):
             Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
                    (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
             *((Launch(f"{name}_zero", (blocks - 1, 1, 1), (TRANSPOSE_THREADS, 1, 1), args=("y",)),) if split else ()),
-            *(Launch(kernel, (blocks, 1, 1), (tiles.threads, 1, 1), shared, args=("y",), tensor_maps=(x_map, w_map))
+            *(Launch(kernel, (blocks, 1, 1), (tiles.threads, 1, 1), shared, **image)
               for kernel in (name, tail_kernel) if kernel),
         )
-        vector_store = gemm_n % 4 == 0
         context = index.template_context(alg, max(launches[-1].threads, m_tiles * tiles.block_m), column_matrix=False)
         context.update(convolution_selftest_context(alg))
         context.update(
@@ -208,21 +223,38 @@ class ImplicitGemm(Family):
             slices=slices, grid_blocks=blocks, split_tiles=len(split), stream_k=stream_k,
             dp_rounds=rounds, dp_tiles=rounds * blocks if stream_k else count, dp_steps=rounds * blocks * slices,
             tail_steps=(count - rounds * blocks) * slices,
-            BM=tiles.block_m, BN=tiles.block_n, BK=block_k, TM=tiles.thread_m, WM=tiles.warp_m, box_m=box_m,
-            boxes=tiles.block_m // box_m, stages=tiles.stages, threads=tiles.threads,
+            BM=tiles.block_m, BN=tiles.block_n, BK=block_k, TM=tiles.thread_m, WM=tiles.warp_m,
+            stages=tiles.stages, threads=tiles.threads,
             warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,
             register_split=gemm.tma_register_split(tiles),
             consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles), shared_bytes=shared,
             alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
-            tiles_total=count, c_chunks=-(-spec.c // block_k), im2col_rank=spec.dims + 2,
-            origin=im2col["origin"], tap_offsets=im2col["tap_offsets"], vector_store=vector_store,
-            transpose={key: value for key, value in transposed.items() if key != "exprs"},
+            tiles_total=count, c_chunks=-(-spec.c // block_k), vector_store=vector_store,
+            every_lane_release=releases_by_every_lane(tiles),
+            transpose={key: value for key, value in transposed.items() if key != "exprs"}, **a_context,
         )
-        buffers = (Buffer("x", alg.image_shape, "in", 16), Buffer("w", alg.filter_shape, "in"),
+        buffers = (Buffer("x", alg.image_shape, "in", 16 if spec.layout.channels_last else 4),
+                   Buffer("w", alg.filter_shape, "in"),
                    Buffer("y", alg.output_shape, "out", 16 if vector_store else 4),
                    Buffer("wt", transposed["shape"], "workspace", 16))
         return KernelPlan(self.name, "tma", spec, tiles, buffers, launches, context, min_arch=90,
                           arch_specific=context["register_split"] is not None)
+
+    @staticmethod
+    def _gather_context(alg: index.IndexAlgebra, tiles: gemm.GemmTiles) -> dict:
+        """How the producer warps share a channels-first A tile of block_m pixels x 32 channels:
+        thread t copies pixel column t % columns (and every ``columns`` further) for channels
+        t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels."""
+        block_k = gemm.TMA_FIXED["block_k"]
+        threads = 32 * tiles.producer_warps
+        columns = min(tiles.block_m, threads)
+        gemm_m, _, _ = index.gemm_sizes(alg)
+        return {
+            **index.gather_terms(alg),
+            "gather_threads": threads, "gather_columns": columns, "gather_pixels": tiles.block_m // columns,
+            "gather_row_step": threads // columns, "gather_rows": block_k * columns // threads,
+            "m_tail": gemm_m % tiles.block_m != 0, "c_tail": alg.spec.c % block_k != 0,
+        }
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
@@ -269,6 +301,17 @@ def tail_in_own_launch(tiles: gemm.GemmTiles) -> bool:
     return tiles.thread_m == 16
 
 
+def releases_by_every_lane(tiles: gemm.GemmTiles) -> bool:
+    """How a consumer warp hands a ring stage back once its lanes have read it: every lane arrives
+    on the "empty" barrier (8-row micro-tiles), or every lane fences its shared loads and one lane
+    arrives (16-row).  One lane arriving after a warp barrier, as before v17, let the producers'
+    next copies overwrite data other lanes had not read: 0.01-1 % of the channels-first outputs
+    came out wrong on the H100.  Both ways are safe; each is the faster one for its micro-tile
+    (docs/perf.md, GEMM v17: a fence cost the 8x8 kernels 1-4 %, every lane arriving cost the
+    channels-last 16x8 kernels 8-9 %)."""
+    return tiles.thread_m == 8
+
+
 def data_parallel_rounds(tiles: int, blocks: int) -> int:
     """Rounds of whole tiles each block takes (tile = block + round * blocks) before the stream-K
     tail: all of them when the tiles fill every round, else all but the last full one, so that
@@ -294,6 +337,16 @@ def shared_tiles(tiles: int, slices: int, blocks: int) -> set[int]:
     return {begin // slices for begin in begins if begin % slices}
 
 
+def gather_pays(spec: ConvSpec) -> bool:
+    """Whether the TMA kernel's gathered A tile pays on channels-first data: full 32-channel slices
+    (a C = 3 image would fill 3 of each slice's 32 rows) and K other than 64.  At K = 64 the
+    output-channel tile is 64 wide, so the producer warps gather twice the pixels per FMA that they
+    do at 128, and the cp.async kernel stayed ahead (conv4 and conv9 NCHW 0.96x); at K = 32 the
+    cp.async kernel's own tiles are thin and the TMA kernel won (unet3d_l1 1.16x; docs/perf.md,
+    GEMM v17)."""
+    return spec.c % 32 == 0 and spec.k != 64
+
+
 def tma_suits(spec: ConvSpec) -> bool:
     """Whether the TMA kernel takes ``spec`` (``check_tma_spec`` passes)."""
     try:
@@ -304,13 +357,12 @@ def tma_suits(spec: ConvSpec) -> bool:
 
 
 def check_tma_spec(spec: ConvSpec) -> None:
-    """What TMA's im2col mode takes, each refusal naming the field: channels-last data, 16-byte
-    pixel strides, strides up to 8, and corners (-p and p - d*(f - 1)) in the 8-bit (2D) or 5-bit
-    (3D) range the map encodes."""
-    tma = ("tiles.tma", True)
+    """What TMA's im2col mode takes from a channels-last image, each refusal naming the field:
+    16-byte pixel strides, strides up to 8, and corners (-p and p - d*(f - 1)) in the 8-bit (2D)
+    or 5-bit (3D) range the map encodes.  A channels-first image is gathered by the producer
+    warps instead, which takes every spec."""
     if not spec.layout.channels_last:
-        raise SpecError(*tma, f"needs a channels-last layout (NHWC, NDHWC), not {spec.layout.value}: the TMA "
-                        "im2col mode reads each pixel's channels as one contiguous run")
+        return
     if spec.pitch % 4:
         raise SpecError("dpitch", spec.pitch, "must be a multiple of 4 with tma=True (TMA row strides are multiples of "
                         "16 bytes); pad the channels with dpitch")

@@ -131,7 +131,7 @@ convgen_implicit_gemm_tma_36ffe0158b(const __grid_constant__ convgen_tensor_map 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 6; ++s) {
             convgen_barrier_init(&full[s], 1);
-            convgen_barrier_init(&empty[s], 8);
+            convgen_barrier_init(&empty[s], 256);
         }
         convgen_barrier_init_fence();
     }
@@ -268,16 +268,18 @@ convgen_implicit_gemm_tma_36ffe0158b(const __grid_constant__ convgen_tensor_map 
                     }
                 }
             }
-            __syncwarp();
-            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
+            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
+            // H100 (GEMM v17).  Every lane arrives, ordering its own loads (the faster of the two here).
+            convgen_barrier_arrive(&empty[stage]);
             if (++stage == 6) {
                 stage = 0;
                 phase ^= 1u;
             }
         }
-        // Epilogue straight from registers: the output is (pixels, 256) row-major in channels-last layouts.
         const idx_t m_tile = (idx_t)(tile / 2) * 128;
         const int n_first = (tile % 2) * 128 + warp_n * 64 + lane_n * 4;
+        // Epilogue straight from registers: the output is (pixels, 256) row-major in channels-last layouts.
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const idx_t m_index = m_tile + warp_m * 32 + lane_m + 4 * i;
@@ -340,18 +342,20 @@ convgen_implicit_gemm_tma_36ffe0158b(const __grid_constant__ convgen_tensor_map 
                     }
                 }
             }
-            __syncwarp();
-            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
+            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
+            // H100 (GEMM v17).  Every lane arrives, ordering its own loads (the faster of the two here).
+            convgen_barrier_arrive(&empty[stage]);
             if (++stage == 6) {
                 stage = 0;
                 phase ^= 1u;
             }
         }
-        // Epilogue straight from registers: the output is (pixels, 256) row-major in channels-last layouts.
         // A tile shared with another block is added, not stored.
         const bool whole = k_first == 0 && k_last == 72;
         const idx_t m_tile = (idx_t)(tile / 2) * 128;
         const int n_first = (tile % 2) * 128 + warp_n * 64 + lane_n * 4;
+        // Epilogue straight from registers: the output is (pixels, 256) row-major in channels-last layouts.
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const idx_t m_index = m_tile + warp_m * 32 + lane_m + 4 * i;

@@ -212,6 +212,10 @@ convgen_implicit_gemm_tma_fdd3e206b2(const __grid_constant__ convgen_tensor_map 
                     }
                 }
             }
+            // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
+            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
+            // H100 (GEMM v17).  A fence on every lane, then one lane arrives (the faster of the two here).
+            __threadfence_block();
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(&empty[stage]);
             if (++stage == 4) {
@@ -219,9 +223,9 @@ convgen_implicit_gemm_tma_fdd3e206b2(const __grid_constant__ convgen_tensor_map 
                 phase ^= 1u;
             }
         }
-        // Epilogue straight from registers: the output is (pixels, 128) row-major in channels-last layouts.
         const idx_t m_tile = (idx_t)(tile / 1) * 256;
         const int n_first = (tile % 1) * 128 + warp_n * 64 + lane_n * 4;
+        // Epilogue straight from registers: the output is (pixels, 128) row-major in channels-last layouts.
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const idx_t m_index = m_tile + warp_m * 64 + lane_m + 4 * i;
