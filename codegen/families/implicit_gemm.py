@@ -230,7 +230,6 @@ class ImplicitGemm(Family):
             consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles), shared_bytes=shared,
             alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
             tiles_total=count, c_chunks=-(-spec.c // block_k), vector_store=vector_store,
-            every_lane_release=releases_by_every_lane(tiles),
             transpose={key: value for key, value in transposed.items() if key != "exprs"}, **a_context,
         )
         buffers = (Buffer("x", alg.image_shape, "in", 16 if spec.layout.channels_last else 4),
@@ -299,17 +298,6 @@ def tail_in_own_launch(tiles: gemm.GemmTiles) -> bool:
     tiles: for the 16x8 kernels, whose whole-tile loop ptxas allocated worse beside the tail's loop
     in one kernel (conv8 10 % slower: docs/perf.md, GEMM v16).  The 8x8 kernels keep one launch."""
     return tiles.thread_m == 16
-
-
-def releases_by_every_lane(tiles: gemm.GemmTiles) -> bool:
-    """How a consumer warp hands a ring stage back once its lanes have read it: every lane arrives
-    on the "empty" barrier (8-row micro-tiles), or every lane fences its shared loads and one lane
-    arrives (16-row).  One lane arriving after a warp barrier, as before v17, let the producers'
-    next copies overwrite data other lanes had not read: 0.01-1 % of the channels-first outputs
-    came out wrong on the H100.  Both ways are safe; each is the faster one for its micro-tile
-    (docs/perf.md, GEMM v17: a fence cost the 8x8 kernels 1-4 %, every lane arriving cost the
-    channels-last 16x8 kernels 8-9 %)."""
-    return tiles.thread_m == 8
 
 
 def data_parallel_rounds(tiles: int, blocks: int) -> int:

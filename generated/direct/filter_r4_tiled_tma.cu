@@ -82,7 +82,7 @@ convgen_direct_tiled_tma_2eadfdfcb7(const __grid_constant__ convgen_tensor_map x
     if (tid == 0) {
         for (int s = 0; s < 4; ++s) {
             convgen_barrier_init(&full[s], 1);
-            convgen_barrier_init(&empty[s], 256);
+            convgen_barrier_init(&empty[s], 8);
         }
         convgen_barrier_init_fence();
     }
@@ -236,9 +236,11 @@ convgen_direct_tiled_tma_2eadfdfcb7(const __grid_constant__ convgen_tensor_map x
                     accumulate(acc[3], window, 8);
                 }
             }
-            // Every lane arrives, ordering its own shared loads of the stage before the release (one lane's
-            // arrive after a warp barrier let the next copies overwrite unread data in the implicit GEMM: GEMM v17).
-            convgen_barrier_arrive(&empty[s]);
+            // The fence on every lane waits for its shared loads of the stage before the release (without it
+            // the next copies overwrote unread data in the implicit GEMM's TMA kernel: GEMM v17).
+            __threadfence_block();
+            __syncwarp();
+            if (tid % 32 == 0) convgen_barrier_arrive(&empty[s]);
         }
         // Last slice of output tile tile0: store and start the next tile from zero.
 #pragma unroll

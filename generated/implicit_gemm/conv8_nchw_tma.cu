@@ -226,8 +226,8 @@ convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map 
                 }
             }
             // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
-            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
-            // H100 (GEMM v17).  A fence on every lane, then one lane arrives (the faster of the two here).
+            // lane's arrive (or every lane's) let the producers' next copies overwrite data not yet read on the
+            // H100 (GEMM v17); the fence on every lane waits for its loads.
             __threadfence_block();
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(&empty[stage]);

@@ -139,7 +139,7 @@ convgen_implicit_gemm_tma_ffa9fd6d9d(const __grid_constant__ convgen_tensor_map 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 5; ++s) {
             convgen_barrier_init(&full[s], 129);
-            convgen_barrier_init(&empty[s], 256);
+            convgen_barrier_init(&empty[s], 8);
         }
         convgen_barrier_init_fence();
     }
@@ -318,9 +318,11 @@ convgen_implicit_gemm_tma_ffa9fd6d9d(const __grid_constant__ convgen_tensor_map 
                 }
             }
             // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
-            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
-            // H100 (GEMM v17).  Every lane arrives, ordering its own loads (the faster of the two here).
-            convgen_barrier_arrive(&empty[stage]);
+            // lane's arrive (or every lane's) let the producers' next copies overwrite data not yet read on the
+            // H100 (GEMM v17); the fence on every lane waits for its loads.
+            __threadfence_block();
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
             if (++stage == 5) {
                 stage = 0;
                 phase ^= 1u;
@@ -394,9 +396,11 @@ convgen_implicit_gemm_tma_ffa9fd6d9d(const __grid_constant__ convgen_tensor_map 
                 }
             }
             // Release the stage only once every lane's shared loads of it are done: after a warp barrier, one
-            // lane's arrive let the producers' next copies overwrite data other lanes had not read yet on the
-            // H100 (GEMM v17).  Every lane arrives, ordering its own loads (the faster of the two here).
-            convgen_barrier_arrive(&empty[stage]);
+            // lane's arrive (or every lane's) let the producers' next copies overwrite data not yet read on the
+            // H100 (GEMM v17); the fence on every lane waits for its loads.
+            __threadfence_block();
+            __syncwarp();
+            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
             if (++stage == 5) {
                 stage = 0;
                 phase ^= 1u;
