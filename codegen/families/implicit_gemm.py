@@ -47,6 +47,9 @@ cp.async kernel's split-K tiles (conv11 0.96x at 2.2 tiles per SM, conv12 0.78x,
 TMA_MIN_STREAM_K_TILES_PER_SM = 2
 """With stream-K the TMA kernel beat the cp.async kernel down to 2.2 tiles per SM (conv11 45.3
 against 36.4 TFLOP/s) but not at 1.5 (conv12 24.7 against 26.5)."""
+TMA_MIN_GATHER_TILES_PER_SM = 3
+"""Channels-first, the gathered kernel with stream-K lost to the cp.async kernel at 2.2 tiles per
+SM (conv11 NCHW 0.98x) and beat it at 3.0 (conv5 1.07x, conv6 1.03x; docs/perf.md, GEMM v17)."""
 TRANSPOSE_THREADS = 256
 
 
@@ -72,13 +75,16 @@ class ImplicitGemm(Family):
         where it shares out its tail (stream-K), and on channels-first data where ``gather_pays``;
         the portable cp.async kernel otherwise.  Measured on the H100 (docs/perf.md, GEMM v14, v15
         and v17): 1.09-1.76x the cp.async kernel on the ten channels-last layers this takes, 0.62-0.93x
-        on the two it turns away; 1.02-1.16x on the eight channels-first layers it takes."""
+        on the two it turns away; channels-first, with at least ``TMA_MIN_GATHER_TILES_PER_SM``,
+        1.02-1.14x on the seven layers it takes."""
         if (compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32)
                 or not (spec.layout.channels_last or gather_pays(spec))):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
+        if not spec.layout.channels_last:
+            least = max(least, TMA_MIN_GATHER_TILES_PER_SM)
         return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
 
     def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
@@ -329,8 +335,8 @@ def gather_pays(spec: ConvSpec) -> bool:
     """Whether the TMA kernel's gathered A tile pays on channels-first data: full 32-channel slices
     (a C = 3 image would fill 3 of each slice's 32 rows) and K other than 64.  At K = 64 the
     output-channel tile is 64 wide, so the producer warps gather twice the pixels per FMA that they
-    do at 128, and the cp.async kernel stayed ahead (conv4 and conv9 NCHW 0.96x); at K = 32 the
-    cp.async kernel's own tiles are thin and the TMA kernel won (unet3d_l1 1.16x; docs/perf.md,
+    do at 128, and the cp.async kernel stayed ahead (conv4 0.97x, conv9 0.93x NCHW); at K = 32 the
+    cp.async kernel's own tiles are thin and the TMA kernel won (unet3d_l1 1.14x; docs/perf.md,
     GEMM v17)."""
     return spec.c % 32 == 0 and spec.k != 64
 
