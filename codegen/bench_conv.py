@@ -1,7 +1,7 @@
 """``convgen bench conv``: the convolution families against cuDNN fp32 on the twelve layers and
 the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU).
 
-Per layer: implicit GEMM (and, on channels-last layers it takes, its sm_90 TMA kernel), im2win,
+Per layer: implicit GEMM (and, on layers it takes, its sm_90 TMA kernel), im2win,
 im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
 (TF32 off, ``cudnn.benchmark`` on), each checked against cuDNN's output, then timed with CUDA
 events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
@@ -156,7 +156,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
 
 SERIES = ("heuristic", "tma", "tuned")
 """The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
-TMA kernel (channels-last layers it takes), and the tuning database's choice."""
+TMA kernel (layers it takes, channels-first ones with A gathered), and the tuning database's choice."""
 
 
 def _series(row: dict) -> str:

@@ -399,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN")
     bench_cmd.add_argument("--layouts", nargs="+", help="default NCHW NHWC (im2col, col2im); NCHW NCDHW (conv: "
                            "2D layers run in the 2D layouts given, 3D layers in the 3D ones; other layouts write "
-                           "conv-<layouts>.json and .png, e.g. conv-nhwc-ndhwc, where channels-last layers also "
-                           "run the implicit GEMM's TMA kernel)")
+                           "conv-<layouts>.json and .png, e.g. conv-nhwc-ndhwc; every layout also runs the implicit "
+                           "GEMM's TMA kernel where it takes the layer)")
     bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
     bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
                            "configurations (tuned against heuristic against cuDNN)")

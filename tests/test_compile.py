@@ -261,9 +261,8 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     """On sm_90 the TMA kernel for the ten channels-last layers where it ran 1.09-1.76x the
     cp.async kernel on the H100 (docs/perf.md v14, v15; conv6 and conv11 with stream-K), the
     cp.async kernel for the two where it lost (fewer than 2 tiles per SM) and for a K that leaves
-    its tiles part idle; an sm_80 target never takes it.  Channels-first, the seven layers where
-    its gathered A tile ran 1.02-1.14x the cp.async kernel (v17), not conv4 and conv9 (K = 64,
-    0.93-0.97x), conv11 (2.2 tiles per SM, 0.98x) nor C = 3.  Stream-K for the 8x8 kernels whose last round is not full (v16), and for the
+    its tiles part idle; an sm_80 target and channels-first data never take it (the gathered
+    kernel's workspace would pass cuDNN's extra memory there; v17).  Stream-K for the 8x8 kernels whose last round is not full (v16), and for the
     16x8 kernel only on conv4 (2 % idle, a tail of 7 % of the tiles), in a launch of its own.
     build() and emit pass their target through."""
     from codegen.bench import layer_spec, load_shapes
@@ -290,9 +289,7 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     main, tail = (launch.kernel for launch in conv4.launches[-2:])
     assert tail == main + "_tail" and conv4.context["tail_kernel"] == tail and conv4.launches[-3].kernel == main + "_zero"
     assert not any(takes_tma(name, arch="sm_80") for name in faster)
-    gathered = ["conv5", "conv6", "conv8", "conv10", "c3d_conv2", "c3d_conv3", "unet3d_l1"]
-    assert [name for name in layers if takes_tma(name, channels_last=False)] == gathered
-    assert not any(takes_tma(name, channels_last=False, arch="sm_80") for name in gathered)
+    assert not any(takes_tma(name, channels_last=False) for name in layers)
     many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=8, k=64, input_size=(66, 66), filter_size=3)
     assert build("implicit_gemm", many_tiles, arch="sm_90").plan.variant == "tma"
     assert build("implicit_gemm", many_tiles, arch="sm_80").plan.variant != "tma"

@@ -184,14 +184,15 @@ def test_tma_plan_passes_the_image_as_a_tensor_map():
 
 
 def test_tma_implicit_gemm_refusals_name_the_field_and_what_is_allowed():
-    """The TMA implicit GEMM takes what TMA's im2col mode and its fixed warp tiles take; every other
-    choice is refused before compiling, naming the field, and im2win (same tiles) refuses tma."""
+    """The TMA implicit GEMM takes what TMA's im2col mode (channels-last) and its fixed warp tiles
+    take; every other choice is refused before compiling, naming the field, and im2win (same tiles)
+    refuses tma.  Channels-first images are gathered, so their strides and padding are free."""
     from codegen.api import build
 
     tma = {"tma": True}
     last = make(c=8, k=40)
-    with pytest.raises(SpecError, match="tiles.tma=True.*channels-last layout.*not NCHW"):
-        plan("implicit_gemm", make(layout="NCHW"), tma)
+    gathered = plan("implicit_gemm", make(layout="NCHW", input_size=(32, 40), stride=(1, 9), padding=(129, 0)), tma)
+    assert gathered.context["gather"] and [m.buffer for m in gathered.launches[-1].tensor_maps] == ["wt"]
     with pytest.raises(SpecError, match="dpitch=3.*multiple of 4 with tma=True"):
         plan("implicit_gemm", make(), tma)
     with pytest.raises(SpecError, match="stride\\[1\\]=9.*at most 8"):

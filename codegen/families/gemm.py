@@ -94,9 +94,10 @@ class GemmTiles(Tiles):
         TileParam("split_k", "CTAs that share one output tile's K range (CUTLASS's split-K), summing their "
                   "partial tiles into the zeroed output with atomic adds: more CTAs where the output has "
                   "few tiles and K is long", minimum=1, maximum=16),
-        TileParam("tma", "implicit_gemm on channels-last data, sm_90: persistent warp-specialised blocks in which "
-                  "one producer thread loads A with TMA's im2col mode and B (the filter, transposed per call into a "
-                  "taps x C x K workspace) as TMA boxes, for block_m/warp_m x block_n/64 consumer warps of "
+        TileParam("tma", "implicit_gemm, sm_90: persistent warp-specialised blocks in which one producer thread "
+                  "loads A with TMA's im2col mode (channels-last; channels-first, the producer warps gather A with "
+                  "cp.async) and B (the filter, transposed per call into a taps x C x K workspace) as TMA boxes, "
+                  "for block_m/warp_m x block_n/64 consumer warps of "
                   "thread_m x 8 micro-tiles (thread_m 8 or 16, warp_m = 4 * thread_m); fixes block_k 32, no row "
                   "table, no split-K; 8 consumer warps, or 16-row micro-tiles, make the producer a warpgroup that "
                   "hands its registers to the consumers (setmaxnreg, compiled for sm_90a)",

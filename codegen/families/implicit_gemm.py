@@ -17,7 +17,9 @@ workspace so that B fragments run along output channels), on a ring of mbarrier 
 consumer warps drain with only shared loads and FMAs.  Micro-tiles of 8x8 or 16x8 (v15: the
 producer becomes a warpgroup that hands its registers to the consumers, sm_90a), and where the
 last round of tiles is ragged a stream-K tail (``takes_stream_k``: 8x8 kernels, and 16x8 ones on
-long grids, there in a launch of its own).
+long grids, there in a launch of its own).  On channels-first data (v17) the producer warps
+gather A themselves with 4-byte cp.async copies (``index.gather_terms``), B as before; only on
+request, since its workspace would pass cuDNN's extra memory there.
 """
 from __future__ import annotations
 
@@ -47,9 +49,6 @@ cp.async kernel's split-K tiles (conv11 0.96x at 2.2 tiles per SM, conv12 0.78x,
 TMA_MIN_STREAM_K_TILES_PER_SM = 2
 """With stream-K the TMA kernel beat the cp.async kernel down to 2.2 tiles per SM (conv11 45.3
 against 36.4 TFLOP/s) but not at 1.5 (conv12 24.7 against 26.5)."""
-TMA_MIN_GATHER_TILES_PER_SM = 3
-"""Channels-first, the gathered kernel with stream-K lost to the cp.async kernel at 2.2 tiles per
-SM (conv11 NCHW 0.98x) and beat it at 3.0 (conv5 1.07x, conv6 1.03x; docs/perf.md, GEMM v17)."""
 TRANSPOSE_THREADS = 256
 
 
@@ -63,7 +62,7 @@ class ImplicitGemm(Family):
     template = "implicit_gemm.cu.j2"
     tiles_type = gemm.GemmTiles
     summary = ("implicit-GEMM convolution: cp.async pipeline, warp and thread tiles, precomputed offsets; "
-               "tma=True: the sm_90 TMA kernel for channels-last data")
+               "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         return gemm.heuristic(spec, image_vector_ok(spec))
@@ -72,19 +71,18 @@ class ImplicitGemm(Family):
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
         full (K a multiple of 64, or K = 32, where the compiler drops a 64-wide tile's idle half)
         and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM, or ``TMA_MIN_STREAM_K_TILES_PER_SM``
-        where it shares out its tail (stream-K), and on channels-first data where ``gather_pays``;
-        the portable cp.async kernel otherwise.  Measured on the H100 (docs/perf.md, GEMM v14, v15
-        and v17): 1.09-1.76x the cp.async kernel on the ten channels-last layers this takes, 0.62-0.93x
-        on the two it turns away; channels-first, with at least ``TMA_MIN_GATHER_TILES_PER_SM``,
-        1.02-1.14x on the seven layers it takes."""
-        if (compute_capability(arch) < 90 or not tma_suits(spec) or not (spec.k % 64 == 0 or spec.k == 32)
-                or not (spec.layout.channels_last or gather_pays(spec))):
+        where it shares out its tail (stream-K); the portable cp.async kernel otherwise.  Measured
+        on the H100 (docs/perf.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
+        channels-last layers this takes, 0.62-0.93x on the two it turns away.  Channels-first data
+        keeps the cp.async kernel, which needs no workspace: the gathered TMA kernel (``tma=True``)
+        ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
+        (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
+        if (compute_capability(arch) < 90 or not spec.layout.channels_last or not tma_suits(spec)
+                or not (spec.k % 64 == 0 or spec.k == 32)):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
-        if not spec.layout.channels_last:
-            least = max(least, TMA_MIN_GATHER_TILES_PER_SM)
         return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
 
     def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
@@ -332,8 +330,9 @@ def shared_tiles(tiles: int, slices: int, blocks: int) -> set[int]:
 
 
 def gather_pays(spec: ConvSpec) -> bool:
-    """Whether the TMA kernel's gathered A tile pays on channels-first data: full 32-channel slices
-    (a C = 3 image would fill 3 of each slice's 32 rows) and K other than 64.  At K = 64 the
+    """Whether the TMA kernel's gathered A tile pays on channels-first data (the catalogue ships
+    its file for these layers; ``tma=True`` asks for it): full 32-channel slices (a C = 3 image
+    would fill 3 of each slice's 32 rows) and K other than 64.  At K = 64 the
     output-channel tile is 64 wide, so the producer warps gather twice the pixels per FMA that they
     do at 128, and the cp.async kernel stayed ahead (conv4 0.97x, conv9 0.93x NCHW); at K = 32 the
     cp.async kernel's own tiles are thin and the TMA kernel won (unet3d_l1 1.14x; docs/perf.md,
