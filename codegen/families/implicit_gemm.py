@@ -186,27 +186,24 @@ class ImplicitGemm(Family):
         gemm_m, gemm_n, _ = index.gemm_sizes(alg)
         transposed = index.transposed_filter_terms(alg)
         block_k = gemm.TMA_FIXED["block_k"]
-        if spec.layout.channels_last:
+        w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
+        if spec.layout.channels_last:   # A through the im2col map, stored (pixels, K)
             im2col = index.im2col_map_terms(alg)
-            a_context = dict(gather=False, box_m=min(tiles.block_m, gemm.TMA_BOX_PIXELS), im2col_rank=spec.dims + 2,
+            box_m = min(tiles.block_m, gemm.TMA_BOX_PIXELS)
+            x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
+                              corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
+            a_context = dict(gather=False, box_m=box_m, boxes=tiles.block_m // box_m, im2col_rank=spec.dims + 2,
                              origin=im2col["origin"], tap_offsets=im2col["tap_offsets"])
-            a_context["boxes"] = tiles.block_m // a_context["box_m"]
+            image = {"tensor_maps": (x_map, w_map), "args": ("y",)}
             vector_store = gemm_n % 4 == 0
-        else:
+        else:                           # A gathered by the producer warps, stored channels-first
             a_context = {"gather": True, **self._gather_context(alg, tiles)}
+            image = {"tensor_maps": (w_map,), "args": ("x", "y")}
             vector_store = math.prod(alg.out_size) % 4 == 0
         m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
         shared = gemm.tma_shared_bytes(tiles)
         count, blocks = self._tma_grid(spec, tiles)
         name = kernel_name(self.name, "tma", spec, tiles)
-        w_map = TensorMap("wt", transposed["dims"], transposed["byte_strides"], (tiles.block_n, block_k, 1))
-        if spec.layout.channels_last:
-            box_m = min(tiles.block_m, gemm.TMA_BOX_PIXELS)
-            x_map = TensorMap("x", im2col["dims"], im2col["strides"], (block_k, box_m), swizzle=128,
-                              corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"])
-            image = {"tensor_maps": (x_map, w_map), "args": ("y",)}
-        else:
-            image = {"tensor_maps": (w_map,), "args": ("x", "y")}
         slices = alg.taps * -(-spec.c // block_k)
         stream_k = takes_stream_k(tiles, count, blocks)
         split = shared_tiles(count, slices, blocks) if stream_k else set()
