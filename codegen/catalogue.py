@@ -85,8 +85,10 @@ def stale_files() -> list[Path]:
     return stale + strays
 
 
-def write_all() -> list[Path]:
+def write_all() -> tuple[list[Path], list[Path]]:
+    """Rewrite the files that changed and delete the strays; returns (rewritten, deleted)."""
     wanted = {entry.path: entry for entry in entries()}
-    for stray in [p for p in GENERATED.rglob("*.cu") if p not in wanted]:
+    strays = [p for p in GENERATED.rglob("*.cu") if p not in wanted]
+    for stray in strays:
         stray.unlink()
-    return [path for path, entry in wanted.items() if write_if_changed(path, entry.source())]
+    return [path for path, entry in wanted.items() if write_if_changed(path, entry.source())], strays

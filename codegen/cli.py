@@ -343,8 +343,10 @@ def cmd_catalogue(args) -> int:
         for path in stale:
             print(f"stale: {path}")
         return 1 if stale else 0
-    written = catalogue.write_all()
-    print(f"{len(written)} file(s) rewritten, {len(catalogue.entries())} in the catalogue")
+    written, deleted = catalogue.write_all()
+    for path in deleted:
+        print(f"deleted: {path} (no longer in the catalogue)")
+    print(f"{len(written)} file(s) rewritten, {len(deleted)} deleted, {len(catalogue.entries())} in the catalogue")
     return 0
 
 

@@ -218,6 +218,23 @@ def test_catalogue_check_passes_on_a_fresh_tree():
     assert result.returncode == 0, result.stdout
 
 
+def test_catalogue_writes_what_changed_and_deletes_strays(tmp_path, monkeypatch, capsys):
+    from codegen import catalogue
+
+    kept = next(e for e in catalogue.entries() if e.family == "im2col")
+    monkeypatch.setattr(catalogue, "GENERATED", tmp_path)
+    monkeypatch.setattr(catalogue, "entries", lambda: [kept])
+    stray = tmp_path / "implicit_gemm" / "conv12_nchw_tma.cu"
+    stray.parent.mkdir()
+    stray.write_text("// a file the catalogue no longer ships\n")
+    assert main(["catalogue"]) == 0
+    out = capsys.readouterr().out
+    assert f"deleted: {stray} (no longer in the catalogue)" in out
+    assert "1 file(s) rewritten, 1 deleted, 1 in the catalogue" in out
+    assert not stray.exists() and kept.path.read_text() == kept.source()
+    assert main(["catalogue"]) == 0 and "0 file(s) rewritten, 0 deleted" in capsys.readouterr().out
+
+
 def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
     from codegen.api import has_gpu
 

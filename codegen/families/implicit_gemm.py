@@ -49,6 +49,11 @@ cp.async kernel's split-K tiles (conv11 0.96x at 2.2 tiles per SM, conv12 0.78x,
 TMA_MIN_STREAM_K_TILES_PER_SM = 2
 """With stream-K the TMA kernel beat the cp.async kernel down to 2.2 tiles per SM (conv11 45.3
 against 36.4 TFLOP/s) but not at 1.5 (conv12 24.7 against 26.5)."""
+TMA_MIN_GATHER_TILES_PER_SM = 3
+"""Fewest tiles per SM at which the gathered (channels-first) TMA kernel beat the cp.async kernel on
+the H100 (GEMM v17: conv5 1.07x at 6.1, conv6 1.03x at 3.0; conv11 0.98x at 2.2, unet3d_down
+0.39x at 1.9, conv12 0.62x at 1.5), stream-K tail or not: the cp.async kernel's split-K tiles keep
+more blocks busy than the persistent kernel's few tiles."""
 TRANSPOSE_THREADS = 256
 
 
@@ -329,12 +334,15 @@ def shared_tiles(tiles: int, slices: int, blocks: int) -> set[int]:
 def gather_pays(spec: ConvSpec) -> bool:
     """Whether the TMA kernel's gathered A tile pays on channels-first data (the catalogue ships
     its file for these layers; ``tma=True`` asks for it): full 32-channel slices (a C = 3 image
-    would fill 3 of each slice's 32 rows) and K other than 64.  At K = 64 the
-    output-channel tile is 64 wide, so the producer warps gather twice the pixels per FMA that they
-    do at 128, and the cp.async kernel stayed ahead (conv4 0.97x, conv9 0.93x NCHW); at K = 32 the
-    cp.async kernel's own tiles are thin and the TMA kernel won (unet3d_l1 1.14x; docs/perf.md,
-    GEMM v17)."""
-    return spec.c % 32 == 0 and spec.k != 64
+    would fill 3 of each slice's 32 rows), K other than 64, and ``TMA_MIN_GATHER_TILES_PER_SM``
+    tiles per SM.  At K = 64 the output-channel tile is 64 wide, so the producer warps gather twice
+    the pixels per FMA that they do at 128, and the cp.async kernel stayed ahead (conv4 0.97x, conv9
+    0.93x NCHW); at K = 32 the cp.async kernel's own tiles are thin and the TMA kernel won
+    (unet3d_l1 1.14x; docs/perf.md, GEMM v17)."""
+    if spec.c % 32 or spec.k == 64 or not tma_suits(spec):
+        return False
+    count, _ = FAMILY._tma_grid(spec, FAMILY.tma_tiles(spec))
+    return count >= TMA_MIN_GATHER_TILES_PER_SM * SM_COUNT_HINT
 
 
 def tma_suits(spec: ConvSpec) -> bool:
