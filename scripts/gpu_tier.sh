@@ -6,8 +6,10 @@
 #   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
 #   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
 #   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
-#   (im2col col2im direct conv conv-last tune-refresh; conv-last is bench conv on NHWC and NDHWC
-#   without the ablation, with the TMA implicit GEMM; tune-refresh re-times the records of
+#   (im2col col2im direct conv conv-last stress-tma tune-refresh; conv-last is bench conv on NHWC
+#   and NDHWC without the ablation, with the TMA implicit GEMM; stress-tma launches every TMA kernel
+#   on the benchmark layers again and again, checked each time (scripts/stress_tma.py, a race
+#   detector); tune-refresh re-times the records of
 #   docs/tuning-h100.json that a template change retired, writes $OUT/tuning-h100.json and leaves
 #   the refreshed database to the benchmarks listed after it); BENCH_ARGS are passed to every
 #   `convgen bench`; TEST_TIMEOUT is
@@ -22,7 +24,7 @@ mkdir -p "$out" "$logs"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CONVGEN_CACHE_DIR=${CONVGEN_CACHE_DIR:-/tmp/convgen-cache}
 examples=${CONVGEN_GPU_EXAMPLES:-300}; [ "$mode" = quick ] && examples=30
-benches=${BENCHES-im2col col2im direct conv conv-last}; [ "$mode" = quick ] && benches=${BENCHES:-}
+benches=${BENCHES-im2col col2im direct conv conv-last stress-tma}; [ "$mode" = quick ] && benches=${BENCHES:-}
 export CONVGEN_GPU_EXAMPLES=$examples
 summary=()
 step() {  # step NAME LOGFILE COMMAND...: run, keep the log, remember status and wall time
@@ -68,6 +70,10 @@ if [ "$mode" != tests ]; then
                 && python3 -m codegen tune --refresh && python3 -m codegen tune --export "$0/tuning-h100.json"' "$out"
             continue
         fi
+        if [ "$bench" = stress-tma ]; then
+            step "stress TMA kernels" stress-tma.log python3 scripts/stress_tma.py --out "$out"
+            continue
+        fi
         args=("$bench"); [ "$bench" = conv-last ] && args=(conv --layouts NHWC NDHWC --no-ablation)
         # shellcheck disable=SC2086
         step "bench $bench" "bench-$bench.log" python3 -m codegen bench "${args[@]}" --out "$out" ${BENCH_ARGS:-}
@@ -75,7 +81,7 @@ if [ "$mode" != tests ]; then
 fi
 tar czf "$out/logs.tgz" -C "$logs" .
 [ -f "$logs/demo.log" ] && { echo "== demo"; cat "$logs/demo.log"; }
-for f in tune-refresh.log bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log bench-conv-last.log; do
+for f in tune-refresh.log bench-im2col.log bench-col2im.log bench-direct.log bench-conv.log bench-conv-last.log stress-tma.log; do
     [ -f "$logs/$f" ] && { echo; echo "== $f"; grep -v '^\[' "$logs/$f"; }
 done
 echo; echo "== GPU tier summary ($mode)"; cat "$logs/device.txt"

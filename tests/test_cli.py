@@ -384,3 +384,22 @@ def test_interleaved_medians_take_turns_and_keep_each_runs_median(monkeypatch):
     times = bench.interleaved_medians({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
     assert calls == ["a", "b"] * 3
     assert times == {"a": 2.0, "b": 4.0}
+
+
+def test_tma_stress_covers_every_tma_kernel_of_the_benchmark_layers():
+    """scripts/stress_tma.py, the race detector run on the GPU: both micro-tiles of the implicit
+    GEMM's TMA kernel in both layouts wherever it takes a layer, and the direct tiled_tma filters."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "stress_tma.py"
+    module_spec = importlib.util.spec_from_file_location("stress_tma", path)
+    stress = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(stress)
+    found = {(name, spec.layout.value, label) for name, label, _, spec in stress.cases([])}
+    assert len(found) == 60
+    for layout in ("NCHW", "NHWC"):
+        assert {("conv8", layout, f"implicit_gemm {m}x8") for m in (16, 8)} <= found
+    assert ("unet3d_l1", "NCDHW", "implicit_gemm 8x8") in found and ("conv1", "NHWC", "implicit_gemm 8x8") not in found
+    assert {(f"filter_r{r}", "NCHW", "direct tiled_tma") for r in range(1, 5)} <= found
+    assert {name for name, _, _, _ in stress.cases(["conv4"])} == {"conv4"}
