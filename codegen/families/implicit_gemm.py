@@ -249,7 +249,9 @@ class ImplicitGemm(Family):
     def _gather_context(alg: index.IndexAlgebra, tiles: gemm.GemmTiles) -> dict:
         """How the producer warps share a channels-first A tile of block_m pixels x 32 channels:
         thread t copies pixel column t % columns (and every ``columns`` further) for channels
-        t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels."""
+        t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels.
+        ``c_short`` (C < 32): the rows past C are zeroed once, not copied in every slice (C = 3 had
+        29 zero-size copies a pixel, and their predicates spilled the producer's 40 registers)."""
         block_k = gemm.TMA_FIXED["block_k"]
         threads = 32 * tiles.producer_warps
         columns = min(tiles.block_m, threads)
@@ -259,6 +261,7 @@ class ImplicitGemm(Family):
             "gather_threads": threads, "gather_columns": columns, "gather_pixels": tiles.block_m // columns,
             "gather_row_step": threads // columns, "gather_rows": block_k * columns // threads,
             "m_tail": gemm_m % tiles.block_m != 0, "c_tail": alg.spec.c % block_k != 0,
+            "c_short": alg.spec.c < block_k,
         }
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
