@@ -403,3 +403,26 @@ def test_tma_stress_covers_every_tma_kernel_of_the_benchmark_layers():
     assert ("unet3d_l1", "NCDHW", "implicit_gemm 8x8") in found and ("conv1", "NHWC", "implicit_gemm 8x8") not in found
     assert {(f"filter_r{r}", "NCHW", "direct tiled_tma") for r in range(1, 5)} <= found
     assert {name for name, _, _, _ in stress.cases(["conv4"])} == {"conv4"}
+
+
+def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs(capsys):
+    """The fuzz step of scripts/gpu_tier.sh: every family, every direct variant, col2im's two
+    algorithms and the TMA implicit GEMM in all four layouts, each case drawing specs its kernel
+    takes (a case whose every spec is refused would pass on the GPU having checked nothing)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from codegen.families import FAMILIES, direct
+
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "gpu_tier.sh").read_text()
+    cases = [shlex.split(line) for line in re.search(r'FUZZ_CASES="([^"]*)"', script).group(1).splitlines()]
+    assert {case[0] for case in cases} == set(FAMILIES)
+    tiles = {(case[0], arg) for case in cases for arg in case if "=" in arg}
+    assert {("direct", f"variant={v}") for v in direct.VARIANTS} <= tiles
+    assert {("col2im", f"algorithm={a}") for a in ("gather", "scatter")} <= tiles
+    tma_layouts = {case[case.index("--layout") + 1] for case in cases if "tma=true" in case}
+    assert tma_layouts == {"NCHW", "NHWC", "NCDHW", "NDHWC"}
+    for case in cases:
+        assert main(["fuzz", *case, "--examples", "2", "--seed", "0"]) == 0, case
+        assert "no failing spec in 2 checked;" in capsys.readouterr().out, case
