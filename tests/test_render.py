@@ -89,3 +89,23 @@ def test_an_edited_template_copy_renders_inside_its_block_only(tmp_path):
     with pytest.raises(RuntimeError), rendering.templates_from(copy):
         raise RuntimeError
     assert render_kernels(kernel_plan).code == package
+
+
+@pytest.mark.parametrize("block_m, thread_m, uniform", [(128, 8, True), (64, 4, False)])
+def test_block_wide_pixel_loader_reads_the_row_table_at_constant_rows(block_m, thread_m, uniform):
+    """Where one thread per pixel loads every row of the slice (128 threads, 128 pixels), the k
+    slots are constants, so the table index is the same in every thread (a uniform load, 1-2 %
+    faster: docs/perf.md v19); with 64 pixels and 128 threads each thread takes every other row
+    and the slot depends on the thread."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=8, k=64, input_size=(12, 12), filter_size=3)
+    tiles = {"block_m": block_m, "block_n": 64, "block_k": 16, "warp_m": 32, "warp_n": 64 * thread_m // 8,
+             "thread_m": thread_m, "thread_n": 8, "vector_load": False}
+    kernel_plan = plan("implicit_gemm", spec, tiles)
+    assert kernel_plan.context["a_load"]["m_fastest"] and kernel_plan.launches[0].block == (128, 1, 1)
+    loader = render_kernels(kernel_plan).code.split("auto fetch")[1].split("&Bs[")[0]
+    slots = [line.split("=")[1].strip(" ;") for line in loader.splitlines() if "const int k_local" in line]
+    slots = [slot for slot in slots if "tid %" not in slot]  # B's first slot (k-fastest) comes before its copy
+    if uniform:
+        assert slots == [str(r) for r in range(16)]
+    else:
+        assert len(slots) == 8 and all("tid / 64" in slot for slot in slots)

@@ -568,7 +568,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -577,7 +577,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -586,7 +586,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -595,7 +595,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -604,7 +604,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -613,7 +613,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -622,7 +622,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -631,7 +631,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -640,7 +640,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -649,7 +649,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -658,7 +658,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -667,7 +667,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -676,7 +676,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -685,7 +685,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -694,7 +694,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {
@@ -703,7 +703,7 @@ convgen_im2win_precomp_fda06fb59a(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_fda06fb59a_rows[row];
             {

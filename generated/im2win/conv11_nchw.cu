@@ -421,7 +421,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -430,7 +430,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -439,7 +439,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -448,7 +448,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -457,7 +457,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -466,7 +466,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -475,7 +475,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -484,7 +484,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -493,7 +493,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -502,7 +502,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -511,7 +511,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -520,7 +520,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -529,7 +529,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -538,7 +538,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -547,7 +547,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {
@@ -556,7 +556,7 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
             {

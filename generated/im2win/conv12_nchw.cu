@@ -709,7 +709,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 64));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -718,7 +718,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -727,7 +727,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -736,7 +736,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -745,7 +745,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -754,7 +754,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -763,7 +763,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -772,7 +772,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -781,7 +781,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -790,7 +790,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -799,7 +799,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -808,7 +808,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -817,7 +817,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -826,7 +826,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -835,7 +835,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {
@@ -844,7 +844,7 @@ convgen_im2win_precomp_87189592de(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 64) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_87189592de_rows[row];
             {

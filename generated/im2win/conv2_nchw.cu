@@ -179,7 +179,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -188,7 +188,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -197,7 +197,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -206,7 +206,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -215,7 +215,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -224,7 +224,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -233,7 +233,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -242,7 +242,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -251,7 +251,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -260,7 +260,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -269,7 +269,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -278,7 +278,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -287,7 +287,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -296,7 +296,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -305,7 +305,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {
@@ -314,7 +314,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
             {

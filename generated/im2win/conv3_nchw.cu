@@ -153,7 +153,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -162,7 +162,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -171,7 +171,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -180,7 +180,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -189,7 +189,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -198,7 +198,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -207,7 +207,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -216,7 +216,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -225,7 +225,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -234,7 +234,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -243,7 +243,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -252,7 +252,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -261,7 +261,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -270,7 +270,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -279,7 +279,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {
@@ -288,7 +288,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
             {

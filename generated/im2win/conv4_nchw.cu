@@ -528,7 +528,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -537,7 +537,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -546,7 +546,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -555,7 +555,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -564,7 +564,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -573,7 +573,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -582,7 +582,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -591,7 +591,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -600,7 +600,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -609,7 +609,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -618,7 +618,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -627,7 +627,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -636,7 +636,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -645,7 +645,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -654,7 +654,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {
@@ -663,7 +663,7 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
             {

@@ -433,7 +433,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -442,7 +442,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -451,7 +451,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -460,7 +460,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -469,7 +469,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -478,7 +478,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -487,7 +487,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -496,7 +496,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -505,7 +505,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -514,7 +514,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -523,7 +523,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -532,7 +532,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -541,7 +541,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -550,7 +550,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -559,7 +559,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {
@@ -568,7 +568,7 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
             {

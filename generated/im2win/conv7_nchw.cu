@@ -137,7 +137,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -146,7 +146,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -155,7 +155,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -164,7 +164,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -173,7 +173,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -182,7 +182,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -191,7 +191,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {
@@ -200,7 +200,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
             {

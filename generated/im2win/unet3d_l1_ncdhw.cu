@@ -245,7 +245,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 256));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -254,7 +254,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -263,7 +263,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -272,7 +272,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -281,7 +281,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -290,7 +290,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -299,7 +299,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -308,7 +308,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -317,7 +317,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -326,7 +326,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -335,7 +335,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -344,7 +344,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -353,7 +353,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -362,7 +362,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -371,7 +371,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {
@@ -380,7 +380,7 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
             }
         }
          {
-            const int k_local = ((tid / 256) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
             {

@@ -567,7 +567,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -578,7 +578,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -589,7 +589,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -600,7 +600,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -611,7 +611,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -622,7 +622,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -633,7 +633,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -644,7 +644,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -655,7 +655,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -666,7 +666,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -677,7 +677,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -688,7 +688,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -699,7 +699,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -710,7 +710,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -721,7 +721,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;
@@ -732,7 +732,7 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
             const int delta = entry.x;

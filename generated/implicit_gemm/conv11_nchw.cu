@@ -402,7 +402,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -411,7 +411,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -420,7 +420,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -429,7 +429,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -438,7 +438,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -447,7 +447,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -456,7 +456,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -465,7 +465,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -474,7 +474,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -483,7 +483,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -492,7 +492,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -501,7 +501,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -510,7 +510,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -519,7 +519,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -528,7 +528,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {
@@ -537,7 +537,7 @@ convgen_implicit_gemm_precomp_3d43d5dd6e(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_3d43d5dd6e_rows[row];
             {

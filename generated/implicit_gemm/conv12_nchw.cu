@@ -690,7 +690,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 64));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -699,7 +699,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -708,7 +708,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -717,7 +717,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -726,7 +726,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -735,7 +735,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -744,7 +744,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -753,7 +753,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -762,7 +762,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -771,7 +771,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -780,7 +780,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -789,7 +789,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -798,7 +798,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -807,7 +807,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -816,7 +816,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {
@@ -825,7 +825,7 @@ convgen_implicit_gemm_precomp_2d8162c68b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 64) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d8162c68b_rows[row];
             {

@@ -160,7 +160,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -169,7 +169,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -178,7 +178,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -187,7 +187,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -196,7 +196,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -205,7 +205,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -214,7 +214,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -223,7 +223,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -232,7 +232,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -241,7 +241,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -250,7 +250,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -259,7 +259,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -268,7 +268,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -277,7 +277,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -286,7 +286,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {
@@ -295,7 +295,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
             {

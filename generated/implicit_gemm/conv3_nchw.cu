@@ -134,7 +134,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -143,7 +143,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -152,7 +152,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -161,7 +161,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -170,7 +170,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -179,7 +179,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -188,7 +188,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -197,7 +197,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -206,7 +206,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -215,7 +215,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -224,7 +224,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -233,7 +233,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -242,7 +242,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -251,7 +251,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -260,7 +260,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {
@@ -269,7 +269,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
             {

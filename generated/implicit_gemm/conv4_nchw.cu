@@ -506,7 +506,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -515,7 +515,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -524,7 +524,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -533,7 +533,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -542,7 +542,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -551,7 +551,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -560,7 +560,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -569,7 +569,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -578,7 +578,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -587,7 +587,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -596,7 +596,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -605,7 +605,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -614,7 +614,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -623,7 +623,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -632,7 +632,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {
@@ -641,7 +641,7 @@ convgen_implicit_gemm_precomp_d90125f00b(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_d90125f00b_rows[row];
             {

@@ -414,7 +414,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -423,7 +423,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -432,7 +432,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -441,7 +441,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -450,7 +450,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -459,7 +459,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -468,7 +468,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -477,7 +477,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -486,7 +486,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -495,7 +495,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -504,7 +504,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -513,7 +513,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -522,7 +522,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -531,7 +531,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -540,7 +540,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {
@@ -549,7 +549,7 @@ convgen_implicit_gemm_precomp_f5d5184816(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_f5d5184816_rows[row];
             {

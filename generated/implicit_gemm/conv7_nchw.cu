@@ -118,7 +118,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -127,7 +127,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -136,7 +136,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -145,7 +145,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -154,7 +154,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -163,7 +163,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -172,7 +172,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {
@@ -181,7 +181,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 8 + k_local;
             const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
             {

@@ -186,7 +186,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 128));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -195,7 +195,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -204,7 +204,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -213,7 +213,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -222,7 +222,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -231,7 +231,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -240,7 +240,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -249,7 +249,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -258,7 +258,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -267,7 +267,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -276,7 +276,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -285,7 +285,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -294,7 +294,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -303,7 +303,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -312,7 +312,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {
@@ -321,7 +321,7 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 128) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
             {

@@ -243,7 +243,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     auto fetch = [&](int stage, int kt) {
          {
-            const int k_local = ((tid / 256));
+            const int k_local = 0;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -254,7 +254,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 1 * 1);
+            const int k_local = 1;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -265,7 +265,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 2 * 1);
+            const int k_local = 2;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -276,7 +276,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 3 * 1);
+            const int k_local = 3;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -287,7 +287,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 4 * 1);
+            const int k_local = 4;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -298,7 +298,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 5 * 1);
+            const int k_local = 5;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -309,7 +309,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 6 * 1);
+            const int k_local = 6;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -320,7 +320,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 7 * 1);
+            const int k_local = 7;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -331,7 +331,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 8 * 1);
+            const int k_local = 8;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -342,7 +342,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 9 * 1);
+            const int k_local = 9;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -353,7 +353,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 10 * 1);
+            const int k_local = 10;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -364,7 +364,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 11 * 1);
+            const int k_local = 11;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -375,7 +375,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 12 * 1);
+            const int k_local = 12;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -386,7 +386,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 13 * 1);
+            const int k_local = 13;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -397,7 +397,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 14 * 1);
+            const int k_local = 14;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
@@ -408,7 +408,7 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
             }
         }
          {
-            const int k_local = ((tid / 256) + 15 * 1);
+            const int k_local = 15;
             const idx_t row = (idx_t)kt * 16 + k_local;
             const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
             const int delta = entry.x;
