@@ -74,5 +74,6 @@ def run(out_dir: Path) -> int:
         print(f"{family:13} {name:15} {kernel.plan.variant:22} {kernel.compiled.source_hit:6} {regs:4d} "
               f"{str(path):48} {check:8} {timing:>10}")
     print(f"\nemitted files build with: nvcc -arch=sm_90 -DCONVGEN_SELFTEST {out_dir}/<file>.cu -o selftest\n"
-          "(or with the architecture flags a file's first lines name: sm_90a for setmaxnreg)")
+          "(or with the architecture flags a file's first lines name: sm_90a for setmaxnreg;\n"
+          " add -O3 -DCONVGEN_BENCH to time the launcher once the self-test passes)")
     return 1 if failures else 0

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from codegen.api import check_arch, plan as make_plan
 from codegen.compile import DEFAULT_ARCH
+from codegen.families import get_family
+from codegen.families.gemm import flops as convolution_flops
 from codegen.render import render
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
@@ -41,7 +43,17 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name,
                   arch_flags=nvcc_arch_flags(kernel_plan.compile_arch(arch)),
                   output_name=kernel_plan.output.name, output_elements=outputs,
-                  selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms)
+                  selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms,
+                  **bench_work(kernel_plan))
+
+
+def bench_work(kernel_plan) -> dict:
+    """What the ``-DCONVGEN_BENCH`` timer divides by the median time: a convolution's FLOPs, else
+    the bytes of every input read once and the output written once, as ``convgen bench`` reports
+    the memory-bound families (im2col, col2im)."""
+    if get_family(kernel_plan.family).convolution:
+        return {"bench_flops": convolution_flops(kernel_plan.spec), "bench_bytes": 0}
+    return {"bench_flops": 0, "bench_bytes": sum(b.elements for b in kernel_plan.buffers if b.role != "workspace") * 4}
 
 
 def nvcc_arch_flags(arch: str) -> str:

@@ -95,7 +95,7 @@ if [ "$mode" = full ] || [ "$mode" = bench ]; then
     step "demo" demo.log python3 -m codegen demo --out /tmp/demo
     step "emitted self-tests (nvcc)" selftest.log bash -c \
         'for f in /tmp/demo/*.cu; do flags=$(sed -n "s|^//   nvcc \(.*\) -DCONVGEN_SELFTEST .*|\1|p" "$f")
-             nvcc $flags -DCONVGEN_SELFTEST "$f" -o /tmp/st && /tmp/st || exit 1; done'
+             nvcc $flags -O3 -DCONVGEN_SELFTEST -DCONVGEN_BENCH "$f" -o /tmp/st && /tmp/st || exit 1; done'
 fi
 if [ "$mode" != tests ]; then
     for bench in $benches; do

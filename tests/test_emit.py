@@ -12,7 +12,7 @@ from codegen.spec import ConvSpec
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-NVCC_FLAGS = ["-Werror", "all-warnings", "-DCONVGEN_SELFTEST", "-c"]
+NVCC_FLAGS = ["-Werror", "all-warnings", "-DCONVGEN_SELFTEST", "-DCONVGEN_BENCH", "-c"]
 
 
 def test_catalogue_is_fresh():
@@ -42,8 +42,22 @@ def test_emitted_file_is_self_describing(tmp_path):
     assert spec.describe() in text
     assert 'extern "C" cudaError_t my_im2col(const float* x, float* col, cudaStream_t stream)' in text
     assert "#ifdef CONVGEN_SELFTEST" in text and "int main()" in text
-    assert "#include <cuda_runtime.h>" in text and text.count("#include") == 5
+    assert "#include <cuda_runtime.h>" in text and text.count("#include") == 6
     assert emit_source("im2col", spec, launcher="my_im2col", file_name="a.cu") == text
+
+
+def test_bench_timer_counts_flops_for_convolutions_and_bytes_for_transforms():
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=4, input_size=(9, 8), filter_size=3, padding=1)
+    conv = emit_source("implicit_gemm", spec, file_name="c.cu")
+    flops = 2 * 2 * 4 * 9 * 8 * 3 * 9     # 2 * N*K*OH*OW * C*R*S
+    assert f"%.2f TFLOP/s ({flops} FLOPs)" in conv and f"{flops}.0 / (median * 1e9)" in conv
+    transform = emit_source("im2col", spec, file_name="t.cu")
+    moved = (2 * 3 * 9 * 8 + 27 * 2 * 9 * 8) * 4   # image read once, column matrix written once
+    assert f"%.1f GB/s ({moved} bytes)" in transform and "TFLOP/s" not in transform
+    for text in (conv, transform):
+        assert text.index("#ifdef CONVGEN_BENCH") > text.index("#ifdef CONVGEN_SELFTEST")
+        timer = text.index("    if (!failures) {")   # timed only once the check passed,
+        assert text.index("elements wrong") < timer < text.index("cudaFree(")   # after its verdict is printed
 
 
 def _nvcc(path, out_dir):

@@ -218,6 +218,8 @@ class Family:
     template: ClassVar[str]
     tiles_type: ClassVar[type[Tiles]]
     summary: ClassVar[str]
+    convolution: ClassVar[bool] = True
+    """Whether the output is the convolution (its speed is counted in FLOPs), not a transform."""
 
     def default_tiles(self, spec: ConvSpec) -> Tiles:
         raise NotImplementedError

@@ -70,6 +70,7 @@ class Col2im(Family):
     template = "col2im.cu.j2"
     tiles_type = Col2imTiles
     summary = "column matrix -> image: deterministic gather or atomic scatter"
+    convolution = False
 
     def default_tiles(self, spec: ConvSpec) -> Col2imTiles:
         return Col2imTiles()

@@ -84,6 +84,7 @@ class Im2col(Family):
     template = "im2col.cu.j2"
     tiles_type = Im2colTiles
     summary = "image -> column matrix (incl. the DECX dpitch float4 kernels)"
+    convolution = False
 
     def default_tiles(self, spec: ConvSpec) -> Im2colTiles:
         """float4 kernel whenever the pitch allows; large channels-first filters (more than 16 taps,

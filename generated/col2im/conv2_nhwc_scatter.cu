@@ -9,6 +9,7 @@
 // Standalone file: needs only the CUDA toolkit.
 //   nvcc -arch=sm_90 -c conv2_nhwc_scatter.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST conv2_nhwc_scatter.cu -o selftest  (self-test program)
+//   add -O3 -DCONVGEN_BENCH to the self-test build to also time the launcher once it passes
 // Host API: convgen_col2im_conv2_nhwc_scatter(const float* col, float* image, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
@@ -57,6 +58,9 @@ extern "C" cudaError_t convgen_col2im_conv2_nhwc_scatter(const float* col, float
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+#ifdef CONVGEN_BENCH
+#include <algorithm>
+#endif
 
 // CPU reference for the self-test: image element e, summing its windows in tap order.
 static float reference_at(const float* col_in, long long e)
@@ -135,10 +139,35 @@ int main()
             }
         }
     }
-    CONVGEN_CHECK(cudaFree(col));
-    CONVGEN_CHECK(cudaFree(image));
     std::printf("%s: convgen_col2im_conv2_nhwc_scatter: %lld of %lld elements wrong (all checked as written; 1 in 5 "
                 "compared with the reference: %lld)\n", failures ? "FAIL" : "PASS", failures, total, compared);
+#ifdef CONVGEN_BENCH
+    // Once the check passes: CUDA events around the launcher, 5 warm-up launches, then 30 launches
+    // timed one by one on the default stream; the median is reported, with the bytes the inputs
+    // are read once and the output written once over it (a memory-bound kernel's compulsory traffic).
+    if (!failures) {
+        cudaEvent_t start, stop;
+        CONVGEN_CHECK(cudaEventCreate(&start));
+        CONVGEN_CHECK(cudaEventCreate(&stop));
+        for (int i = 0; i < 5; ++i) CONVGEN_CHECK(convgen_col2im_conv2_nhwc_scatter(col, image, 0));
+        std::vector<float> times(30);
+        for (float& milliseconds : times) {
+            CONVGEN_CHECK(cudaEventRecord(start));
+            CONVGEN_CHECK(convgen_col2im_conv2_nhwc_scatter(col, image, 0));
+            CONVGEN_CHECK(cudaEventRecord(stop));
+            CONVGEN_CHECK(cudaEventSynchronize(stop));
+            CONVGEN_CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
+        }
+        std::sort(times.begin(), times.end());
+        const double median = 0.5 * (times[14] + times[15]);
+        std::printf("time: median %.4f ms of 30 launches (min %.4f, max %.4f), %.1f GB/s (664806912 bytes)\n",
+                    median, times.front(), times.back(), 664806912.0 / (median * 1e6));
+        CONVGEN_CHECK(cudaEventDestroy(start));
+        CONVGEN_CHECK(cudaEventDestroy(stop));
+    }
+#endif
+    CONVGEN_CHECK(cudaFree(col));
+    CONVGEN_CHECK(cudaFree(image));
     return failures ? 1 : 0;
 }
 #endif

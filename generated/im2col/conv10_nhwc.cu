@@ -9,6 +9,7 @@
 // Standalone file: needs only the CUDA toolkit.
 //   nvcc -arch=sm_90 -c conv10_nhwc.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST conv10_nhwc.cu -o selftest  (self-test program)
+//   add -O3 -DCONVGEN_BENCH to the self-test build to also time the launcher once it passes
 // Host API: convgen_im2col_conv10_nhwc(const float* x, float* col, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
 // (x, col 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
@@ -86,6 +87,9 @@ extern "C" cudaError_t convgen_im2col_conv10_nhwc(const float* x, float* col, cu
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+#ifdef CONVGEN_BENCH
+#include <algorithm>
+#endif
 
 // CPU reference for the self-test: element e of the column matrix, straight from the index maps.
 static float reference_at(const float* x, long long e)
@@ -148,9 +152,34 @@ int main()
             }
         }
     }
+    std::printf("%s: convgen_im2col_conv10_nhwc: %lld of %lld elements wrong\n", failures ? "FAIL" : "PASS", failures, total);
+#ifdef CONVGEN_BENCH
+    // Once the check passes: CUDA events around the launcher, 5 warm-up launches, then 30 launches
+    // timed one by one on the default stream; the median is reported, with the bytes the inputs
+    // are read once and the output written once over it (a memory-bound kernel's compulsory traffic).
+    if (!failures) {
+        cudaEvent_t start, stop;
+        CONVGEN_CHECK(cudaEventCreate(&start));
+        CONVGEN_CHECK(cudaEventCreate(&stop));
+        for (int i = 0; i < 5; ++i) CONVGEN_CHECK(convgen_im2col_conv10_nhwc(x, col, 0));
+        std::vector<float> times(30);
+        for (float& milliseconds : times) {
+            CONVGEN_CHECK(cudaEventRecord(start));
+            CONVGEN_CHECK(convgen_im2col_conv10_nhwc(x, col, 0));
+            CONVGEN_CHECK(cudaEventRecord(stop));
+            CONVGEN_CHECK(cudaEventSynchronize(stop));
+            CONVGEN_CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
+        }
+        std::sort(times.begin(), times.end());
+        const double median = 0.5 * (times[14] + times[15]);
+        std::printf("time: median %.4f ms of 30 launches (min %.4f, max %.4f), %.1f GB/s (450101248 bytes)\n",
+                    median, times.front(), times.back(), 450101248.0 / (median * 1e6));
+        CONVGEN_CHECK(cudaEventDestroy(start));
+        CONVGEN_CHECK(cudaEventDestroy(stop));
+    }
+#endif
     CONVGEN_CHECK(cudaFree(x));
     CONVGEN_CHECK(cudaFree(col));
-    std::printf("%s: convgen_im2col_conv10_nhwc: %lld of %lld elements wrong\n", failures ? "FAIL" : "PASS", failures, total);
     return failures ? 1 : 0;
 }
 #endif

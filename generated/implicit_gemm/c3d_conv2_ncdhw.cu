@@ -9,6 +9,7 @@
 // Standalone file: needs only the CUDA toolkit.
 //   nvcc -arch=sm_90 -c c3d_conv2_ncdhw.cu                              (library object)
 //   nvcc -arch=sm_90 -DCONVGEN_SELFTEST c3d_conv2_ncdhw.cu -o selftest  (self-test program)
+//   add -O3 -DCONVGEN_BENCH to the self-test build to also time the launcher once it passes
 // Host API: convgen_implicit_gemm_c3d_conv2_ncdhw(const float* x, const float* w, float* y, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
@@ -621,6 +622,9 @@ extern "C" cudaError_t convgen_implicit_gemm_c3d_conv2_ncdhw(const float* x, con
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+#ifdef CONVGEN_BENCH
+#include <algorithm>
+#endif
 
 // CPU reference for the self-test: output element e, the direct sum over channels and taps.
 static float reference_at(const float* x, const float* w, long long e)
@@ -707,11 +711,36 @@ int main()
             }
         }
     }
+    std::printf("%s: convgen_implicit_gemm_c3d_conv2_ncdhw: %lld of %lld elements wrong (all checked as written; 1 in 167 "
+                "compared with the reference: %lld)\n", failures ? "FAIL" : "PASS", failures, total, compared);
+#ifdef CONVGEN_BENCH
+    // Once the check passes: CUDA events around the launcher, 5 warm-up launches, then 30 launches
+    // timed one by one on the default stream; the median is reported, with the convolution's
+    // FLOPs (2 per multiply-add, padding taps included, as cuDNN counts them) over it.
+    if (!failures) {
+        cudaEvent_t start, stop;
+        CONVGEN_CHECK(cudaEventCreate(&start));
+        CONVGEN_CHECK(cudaEventCreate(&stop));
+        for (int i = 0; i < 5; ++i) CONVGEN_CHECK(convgen_implicit_gemm_c3d_conv2_ncdhw(x, w, y, 0));
+        std::vector<float> times(30);
+        for (float& milliseconds : times) {
+            CONVGEN_CHECK(cudaEventRecord(start));
+            CONVGEN_CHECK(convgen_implicit_gemm_c3d_conv2_ncdhw(x, w, y, 0));
+            CONVGEN_CHECK(cudaEventRecord(stop));
+            CONVGEN_CHECK(cudaEventSynchronize(stop));
+            CONVGEN_CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
+        }
+        std::sort(times.begin(), times.end());
+        const double median = 0.5 * (times[14] + times[15]);
+        std::printf("time: median %.4f ms of 30 launches (min %.4f, max %.4f), %.2f TFLOP/s (177570054144 FLOPs)\n",
+                    median, times.front(), times.back(), 177570054144.0 / (median * 1e9));
+        CONVGEN_CHECK(cudaEventDestroy(start));
+        CONVGEN_CHECK(cudaEventDestroy(stop));
+    }
+#endif
     CONVGEN_CHECK(cudaFree(x));
     CONVGEN_CHECK(cudaFree(w));
     CONVGEN_CHECK(cudaFree(y));
-    std::printf("%s: convgen_implicit_gemm_c3d_conv2_ncdhw: %lld of %lld elements wrong (all checked as written; 1 in 167 "
-                "compared with the reference: %lld)\n", failures ? "FAIL" : "PASS", failures, total, compared);
     return failures ? 1 : 0;
 }
 #endif
