@@ -577,14 +577,15 @@ int main()
     // timed one by one on the default stream; the median is reported, with the convolution's
     // FLOPs (2 per multiply-add, padding taps included, as cuDNN counts them) over it.
     if (!failures) {
+        const auto launch = [&] { return convgen_implicit_gemm_unet3d_down_ndhwc_tma(x, w, y, wt, 0); };
         cudaEvent_t start, stop;
         CONVGEN_CHECK(cudaEventCreate(&start));
         CONVGEN_CHECK(cudaEventCreate(&stop));
-        for (int i = 0; i < 5; ++i) CONVGEN_CHECK(convgen_implicit_gemm_unet3d_down_ndhwc_tma(x, w, y, wt, 0));
+        for (int i = 0; i < 5; ++i) CONVGEN_CHECK(launch());
         std::vector<float> times(30);
         for (float& milliseconds : times) {
             CONVGEN_CHECK(cudaEventRecord(start));
-            CONVGEN_CHECK(convgen_implicit_gemm_unet3d_down_ndhwc_tma(x, w, y, wt, 0));
+            CONVGEN_CHECK(launch());
             CONVGEN_CHECK(cudaEventRecord(stop));
             CONVGEN_CHECK(cudaEventSynchronize(stop));
             CONVGEN_CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
