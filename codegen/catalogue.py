@@ -40,7 +40,8 @@ def entries() -> list[Entry]:
     """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
     variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
     3D layers in both layouts, plus its TMA kernel (sm_90) in the channels-last layouts it takes
-    and the channels-first ones where its gathered A tile pays, and im2win in the benchmark's channels-first layouts (heuristic tiles, batch as benchmarked)."""
+    and the channels-first ones where its gathered A tile pays, and im2win in the benchmark's
+    channels-first layouts (heuristic tiles, batch as benchmarked)."""
     shapes = load_shapes()
     found = []
     for layer in shapes["conv2d_mec"] + shapes["conv3d"]:

@@ -16,6 +16,12 @@ def _eval(expr, **values) -> np.ndarray:
     return index.evaluate(expr, values)
 
 
+def _pixel(alg: IndexAlgebra, col) -> dict:
+    """The output pixel (n, o0, o1[, o2]) of column-matrix column(s) ``col``, by ``col_coords``."""
+    return {name: _eval(expr, col=col) for name, expr in zip(["n", *(f"o{j}" for j in range(alg.spec.dims))],
+                                                             alg.col_coords)}
+
+
 def im2col_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     """Every column-matrix element through row_coords, tap_coords, col_coords, in_coord, x_offset."""
     spec = alg.spec
@@ -25,9 +31,7 @@ def im2col_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     values = {"c": c, "kk": kk, "col": col}
     for j, expr in enumerate(alg.tap_coords):
         values[f"k{j}"] = _eval(expr, kk=kk)
-    values["n"] = _eval(alg.col_coords[0], col=col)
-    for j, expr in enumerate(alg.col_coords[1:]):
-        values[f"o{j}"] = _eval(expr, col=col)
+    values.update(_pixel(alg, col))
     inside = np.ones(row.shape, dtype=bool)
     for j, expr in enumerate(alg.in_coord):
         values[f"i{j}"] = _eval(expr, **values)
@@ -83,9 +87,7 @@ def direct_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray) -> np.ndarra
     filters = np.asarray(w, dtype=np.float64).reshape(-1)[_eval(alg.w_offset, oc=oc, c=c, kk=kk)]
     product = filters @ col
     oc, column = np.meshgrid(np.arange(spec.k), np.arange(alg.cols), indexing="ij")
-    values = {"oc": oc, "n": _eval(alg.col_coords[0], col=column)}
-    for j, expr in enumerate(alg.col_coords[1:]):
-        values[f"o{j}"] = _eval(expr, col=column)
+    values = {"oc": oc, **_pixel(alg, column)}
     y = np.full(int(np.prod(alg.output_shape)), np.nan)
     y[_eval(alg.y_offset, **values)] = product
     return y.reshape(alg.output_shape)
@@ -122,9 +124,7 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     if not np.array_equal(delta, table[:, 0]):
         raise AssertionError("precomputed row table disagrees with the printed delta")
     col = np.arange(alg.cols)
-    pixel = {"n": _eval(alg.col_coords[0], col=col)}
-    for j, expr in enumerate(alg.col_coords[1:]):
-        pixel[f"o{j}"] = _eval(expr, col=col)
+    pixel = _pixel(alg, col)
     base = _eval(terms["exprs"]["a_base"], **pixel)
     inside = np.ones((alg.cols, alg.rows), dtype=bool)
     for position, check in enumerate(terms["a_checked"]):
@@ -418,13 +418,11 @@ def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
     the producer's im2col copies load it (box origins from the printed expressions)."""
     alg = IndexAlgebra(spec)
     im2col = index.im2col_map_terms(alg)["exprs"]
-    names = ["n", *(f"o{j}" for j in range(spec.dims))]
 
     def a_tile(col: int):
         starts = []
         for box in range(context["boxes"]):
-            pixel = {name: np.int64(_eval(expr, col=np.int64(col + box * context["box_m"])))
-                     for name, expr in zip(names, alg.col_coords)}
+            pixel = {name: np.int64(v) for name, v in _pixel(alg, np.int64(col + box * context["box_m"])).items()}
             starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
 
         def load(kk: int, c0: int) -> np.ndarray:
@@ -445,13 +443,12 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
     alg = IndexAlgebra(spec)
     terms = index.gather_terms(alg)
     exprs = terms["exprs"]
-    names = ["n", *(f"o{j}" for j in range(spec.dims))]
     gemm_m, bk = context["GEMM_M"], context["BK"]
 
     def a_tile(col: int):
         cols = col + np.arange(context["BM"], dtype=np.int64)
         inside = cols < gemm_m
-        pixel = {name: _eval(expr, col=np.where(inside, cols, 0)) for name, expr in zip(names, alg.col_coords)}
+        pixel = _pixel(alg, np.where(inside, cols, 0))
         base = _eval(exprs["a_base"], **pixel)
         origins = {check["axis"]: _eval(exprs["a_origin"][check["axis"]], **pixel) for check in terms["a_checked"]}
 
