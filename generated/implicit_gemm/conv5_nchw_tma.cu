@@ -28,28 +28,28 @@ __host__ __device__ __forceinline__ T convgen_min(T a, T b) { return a < b ? a :
 
 // mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
 static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
+static __device__ __forceinline__ void convgen_barrier_init(unsigned barrier, unsigned arrivals)
 {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(barrier), "r"(arrivals));
 }
-static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned barrier)
 {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");
 }
 // Arrive once this thread's earlier cp.async copies have landed (counted among the expected arrivals).
-static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned long long* barrier)
+static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned barrier)
 {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(barrier) : "memory");
 }
 // Wait until the phase of parity `parity` has completed.
-static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, unsigned parity)
 {
 #if __CUDA_ARCH__ >= 900
     asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #else
     asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
 // The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
@@ -59,24 +59,33 @@ static __device__ __forceinline__ void convgen_barrier_init_fence()
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // Arrive once and expect `bytes` more from asynchronous copies before the phase completes.
-static __device__ __forceinline__ void convgen_barrier_expect(unsigned long long* barrier, unsigned bytes)
+static __device__ __forceinline__ void convgen_barrier_expect(unsigned barrier, unsigned bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(barrier), "r"(bytes) : "memory");
 }
 // One box of the 3-D tensor at coordinates (innermost first) into shared memory; completes on `barrier`.
-static __device__ __forceinline__ void convgen_tensor_copy(float* dst, const convgen_tensor_map* map, unsigned long long* barrier,
+static __device__ __forceinline__ void convgen_tensor_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
                                                            int c0, int c1, int c2)
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
-                 :: "r"(convgen_shared(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(convgen_shared(barrier)), "r"(c0), "r"(c1), "r"(c2)
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1), "r"(c2)
                  : "memory");
+}
+// Shared memory by 32-bit shared address: through generic pointers, nvcc forms these addresses in 32 bits
+// and NVRTC in 64, and ptxas allocated the FMA loops' registers differently for the two, so that files
+// built with nvcc ran up to 8 % slower than the same kernels built by NVRTC (GEMM v20, v21). Spelled out,
+// both compilers hand ptxas the same main loop. Volatile, so that no load moves above the stage's wait.
+static __device__ __forceinline__ float4 convgen_load_shared4(unsigned address)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(address));
+    return v;
 }
 // cp.async (sm_80+): copy global to shared memory without passing through registers; a source
 // size of 0 writes zeros, which is how padding and tile tails are filled.
-static __device__ __forceinline__ void convgen_copy4(float* dst, const float* src, bool valid)
+static __device__ __forceinline__ void convgen_copy4(unsigned dst, const float* src, bool valid)
 {
-    const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(address), "l"(src), "r"(valid ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
 
 // The filter K x 25 x C rewritten as 25 x C x K (rows of 256), so that B tiles are k-slices of
@@ -129,17 +138,19 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
     // Dynamic shared memory (197728 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
     // swizzle's period), 6 A tiles [128][32], 6 B tiles [32][128], then the full and empty mbarriers.
     extern __shared__ __align__(16) unsigned char shared_memory[];
-    unsigned char* const aligned = shared_memory + ((1024u - (convgen_shared(shared_memory) & 1023u)) & 1023u);
-    float* const a_tiles = reinterpret_cast<float*>(aligned);
-    float* const b_tiles = a_tiles + 24576;
-    unsigned long long* const full = reinterpret_cast<unsigned long long*>(b_tiles + 24576);
-    unsigned long long* const empty = full + 6;
+    // All of it is addressed by 32-bit shared addresses (convgen_load_shared4 says why); stage s's tiles and
+    // mbarriers lie at a_tiles + 16384 s, b_tiles + 16384 s, full + 8 s and empty + 8 s.
+    const unsigned shared_base = convgen_shared(shared_memory);
+    const unsigned a_tiles = shared_base + ((1024u - (shared_base & 1023u)) & 1023u);
+    const unsigned b_tiles = a_tiles + 98304u;
+    const unsigned full = b_tiles + 98304u;
+    const unsigned empty = full + 48u;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < 6; ++s) {
-            convgen_barrier_init(&full[s], 129);
-            convgen_barrier_init(&empty[s], 8);
+            convgen_barrier_init(full + 8u * s, 129);
+            convgen_barrier_init(empty + 8u * s, 8);
         }
         convgen_barrier_init_fence();
     }
@@ -177,12 +188,12 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
                 const int k0 = ((kk) / 5);
                 const int k1 = ((kk) % 5);
                 const idx_t delta = 24*k0 + k1 + (idx_t)(c0 + row0) * 576;
-                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
-                    convgen_barrier_expect(&full[stage], 16384);
-                    convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
+                    convgen_barrier_expect(full + 8u * stage, 16384);
+                    convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
-                float* const a_stage = a_tiles + stage * 4096 + row0 * 128 + column;
+                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
 #pragma unroll
                 for (int u = 0; u < 1; ++u) {
                     const bool valid = true;
@@ -190,11 +201,11 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
 #pragma unroll
                     for (int v = 0; v < 32; ++v) {
                         // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + v * 128 + u * 128,
+                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
                                       source + v * 576, valid);
                     }
                 }
-                convgen_barrier_copies_arrive(&full[stage]);
+                convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 6) {
                     stage = 0;
                     phase ^= 1u;
@@ -225,12 +236,12 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
                 const int k0 = ((kk) / 5);
                 const int k1 = ((kk) % 5);
                 const idx_t delta = 24*k0 + k1 + (idx_t)(c0 + row0) * 576;
-                convgen_barrier_wait(&empty[stage], phase ^ 1u);
+                convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
-                    convgen_barrier_expect(&full[stage], 16384);
-                    convgen_tensor_copy(b_tiles + stage * 4096, &wt_map, &full[stage], n_tile, c0, kk);
+                    convgen_barrier_expect(full + 8u * stage, 16384);
+                    convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
-                float* const a_stage = a_tiles + stage * 4096 + row0 * 128 + column;
+                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
 #pragma unroll
                 for (int u = 0; u < 1; ++u) {
                     const bool valid = true;
@@ -238,11 +249,11 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
 #pragma unroll
                     for (int v = 0; v < 32; ++v) {
                         // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + v * 128 + u * 128,
+                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
                                       source + v * 576, valid);
                     }
                 }
-                convgen_barrier_copies_arrive(&full[stage]);
+                convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 6) {
                     stage = 0;
                     phase ^= 1u;
@@ -271,9 +282,9 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
         for (int k = 0; k < 75; ++k) {
-            convgen_barrier_wait(&full[stage], phase);
-            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 4096) + a_row0;
-            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 4096) + b_col0;
+            convgen_barrier_wait(full + 8u * stage, phase);
+            const unsigned a_stage = a_tiles + stage * 16384u + a_row0;
+            const unsigned b_stage = b_tiles + stage * 16384u + b_col0;
 #pragma unroll
             for (int chunk = 0; chunk < 8; ++chunk) {
 #pragma unroll
@@ -281,11 +292,11 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
                     float4 a[2];
 #pragma unroll
                     for (int g = 0; g < 2; ++g)
-                        a[g] = *reinterpret_cast<const float4*>(a_stage + (chunk * 4 + q) * 512 + g * 64);
+                        a[g] = convgen_load_shared4(a_stage + (chunk * 4 + q) * 512 + g * 64);
                     float4 b[2];
 #pragma unroll
                     for (int j = 0; j < 2; ++j)
-                        b[j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 512 + j * 128);
+                        b[j] = convgen_load_shared4(b_stage + (chunk * 4 + q) * 512 + j * 128);
                     // Serpentine along n, so that consecutive FMAs share their A operand (the reuse cache).
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
@@ -306,7 +317,7 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             // H100 (GEMM v17); the fence on every lane waits for its loads.
             __threadfence_block();
             __syncwarp();
-            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (lane == 0) convgen_barrier_arrive(empty + 8u * stage);
             if (++stage == 6) {
                 stage = 0;
                 phase ^= 1u;
@@ -348,9 +359,9 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
         for (int k = k_first; k < k_last; ++k) {
-            convgen_barrier_wait(&full[stage], phase);
-            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 4096) + a_row0;
-            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 4096) + b_col0;
+            convgen_barrier_wait(full + 8u * stage, phase);
+            const unsigned a_stage = a_tiles + stage * 16384u + a_row0;
+            const unsigned b_stage = b_tiles + stage * 16384u + b_col0;
 #pragma unroll
             for (int chunk = 0; chunk < 8; ++chunk) {
 #pragma unroll
@@ -358,11 +369,11 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
                     float4 a[2];
 #pragma unroll
                     for (int g = 0; g < 2; ++g)
-                        a[g] = *reinterpret_cast<const float4*>(a_stage + (chunk * 4 + q) * 512 + g * 64);
+                        a[g] = convgen_load_shared4(a_stage + (chunk * 4 + q) * 512 + g * 64);
                     float4 b[2];
 #pragma unroll
                     for (int j = 0; j < 2; ++j)
-                        b[j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 512 + j * 128);
+                        b[j] = convgen_load_shared4(b_stage + (chunk * 4 + q) * 512 + j * 128);
                     // Serpentine along n, so that consecutive FMAs share their A operand (the reuse cache).
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
@@ -383,7 +394,7 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             // H100 (GEMM v17); the fence on every lane waits for its loads.
             __threadfence_block();
             __syncwarp();
-            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (lane == 0) convgen_barrier_arrive(empty + 8u * stage);
             if (++stage == 6) {
                 stage = 0;
                 phase ^= 1u;

@@ -27,23 +27,23 @@ __host__ __device__ __forceinline__ T convgen_min(T a, T b) { return a < b ? a :
 
 // mbarriers (sm_80+): each completes a phase once its expected arrivals (and, for TMA, bytes) are in.
 static __device__ __forceinline__ unsigned convgen_shared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void convgen_barrier_init(unsigned long long* barrier, unsigned arrivals)
+static __device__ __forceinline__ void convgen_barrier_init(unsigned barrier, unsigned arrivals)
 {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(arrivals));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(barrier), "r"(arrivals));
 }
-static __device__ __forceinline__ void convgen_barrier_arrive(unsigned long long* barrier)
+static __device__ __forceinline__ void convgen_barrier_arrive(unsigned barrier)
 {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(convgen_shared(barrier)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");
 }
 // Wait until the phase of parity `parity` has completed.
-static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* barrier, unsigned parity)
+static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, unsigned parity)
 {
 #if __CUDA_ARCH__ >= 900
     asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #else
     asm volatile("{\n .reg .pred done;\n CONVGEN_WAIT_%=:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(convgen_shared(barrier)), "r"(parity) : "memory");
+                 " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
 // The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
@@ -53,27 +53,37 @@ static __device__ __forceinline__ void convgen_barrier_init_fence()
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // Arrive once and expect `bytes` more from asynchronous copies before the phase completes.
-static __device__ __forceinline__ void convgen_barrier_expect(unsigned long long* barrier, unsigned bytes)
+static __device__ __forceinline__ void convgen_barrier_expect(unsigned barrier, unsigned bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(convgen_shared(barrier)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(barrier), "r"(bytes) : "memory");
 }
 // One box of the 3-D tensor at coordinates (innermost first) into shared memory; completes on `barrier`.
-static __device__ __forceinline__ void convgen_tensor_copy(float* dst, const convgen_tensor_map* map, unsigned long long* barrier,
+static __device__ __forceinline__ void convgen_tensor_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
                                                            int c0, int c1, int c2)
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
-                 :: "r"(convgen_shared(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(convgen_shared(barrier)), "r"(c0), "r"(c1), "r"(c2)
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1), "r"(c2)
                  : "memory");
+}
+// Shared memory by 32-bit shared address: through generic pointers, nvcc forms these addresses in 32 bits
+// and NVRTC in 64, and ptxas allocated the FMA loops' registers differently for the two, so that files
+// built with nvcc ran up to 8 % slower than the same kernels built by NVRTC (GEMM v20, v21). Spelled out,
+// both compilers hand ptxas the same main loop. Volatile, so that no load moves above the stage's wait.
+static __device__ __forceinline__ float4 convgen_load_shared4(unsigned address)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(address));
+    return v;
 }
 
 // One im2col copy of the 4-D channels-last image map: its pixels-per-column pixels, each its
 // channels-per-pixel channels from c, walked from the input coordinates (innermost first) of the
 // first pixel at tap 0, shifted by the tap's offsets; zeros outside the image; completes on `barrier`.
-static __device__ __forceinline__ void convgen_im2col_copy(float* dst, const convgen_tensor_map* map, unsigned long long* barrier,
+static __device__ __forceinline__ void convgen_im2col_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
                                                            int c0, int c1, int c2, int c3, unsigned short offset0, unsigned short offset1)
 {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};"
-                 :: "r"(convgen_shared(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(convgen_shared(barrier)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(offset0), "h"(offset1)
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(offset0), "h"(offset1)
                  : "memory");
 }
 
@@ -102,17 +112,19 @@ convgen_implicit_gemm_tma_e6fd52c872(const __grid_constant__ convgen_tensor_map 
     // Dynamic shared memory (222256 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
     // swizzle's period), 3 A tiles [512][32], 3 B tiles [32][64], then the full and empty mbarriers.
     extern __shared__ __align__(16) unsigned char shared_memory[];
-    unsigned char* const aligned = shared_memory + ((1024u - (convgen_shared(shared_memory) & 1023u)) & 1023u);
-    float* const a_tiles = reinterpret_cast<float*>(aligned);
-    float* const b_tiles = a_tiles + 49152;
-    unsigned long long* const full = reinterpret_cast<unsigned long long*>(b_tiles + 6144);
-    unsigned long long* const empty = full + 3;
+    // All of it is addressed by 32-bit shared addresses (convgen_load_shared4 says why); stage s's tiles and
+    // mbarriers lie at a_tiles + 65536 s, b_tiles + 8192 s, full + 8 s and empty + 8 s.
+    const unsigned shared_base = convgen_shared(shared_memory);
+    const unsigned a_tiles = shared_base + ((1024u - (shared_base & 1023u)) & 1023u);
+    const unsigned b_tiles = a_tiles + 196608u;
+    const unsigned full = b_tiles + 24576u;
+    const unsigned empty = full + 24u;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < 3; ++s) {
-            convgen_barrier_init(&full[s], 1);
-            convgen_barrier_init(&empty[s], 8);
+            convgen_barrier_init(full + 8u * s, 1);
+            convgen_barrier_init(empty + 8u * s, 8);
         }
         convgen_barrier_init_fence();
     }
@@ -142,12 +154,12 @@ convgen_implicit_gemm_tma_e6fd52c872(const __grid_constant__ convgen_tensor_map 
             for (int k = 0; k < 18; ++k) {
                 const int kk = k / 2;
                 const int c0 = (k % 2) * 32;
-                convgen_barrier_wait(&empty[stage], phase ^ 1u);
-                convgen_barrier_expect(&full[stage], 73728);
+                convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
+                convgen_barrier_expect(full + 8u * stage, 73728);
 #pragma unroll
                 for (int box = 0; box < 2; ++box)
-                    convgen_im2col_copy(a_tiles + stage * 16384 + box * 8192, &x_map, &full[stage], c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
-                convgen_tensor_copy(b_tiles + stage * 2048, &wt_map, &full[stage], n_tile, c0, kk);
+                    convgen_im2col_copy(a_tiles + stage * 65536u + box * 32768u, &x_map, full + 8u * stage, c0, start[box][0], start[box][1], start[box][2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
+                convgen_tensor_copy(b_tiles + stage * 8192u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 if (++stage == 3) {
                     stage = 0;
                     phase ^= 1u;
@@ -177,9 +189,9 @@ convgen_implicit_gemm_tma_e6fd52c872(const __grid_constant__ convgen_tensor_map 
             for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
         for (int k = 0; k < 18; ++k) {
-            convgen_barrier_wait(&full[stage], phase);
-            const unsigned char* const a_stage = reinterpret_cast<const unsigned char*>(a_tiles + stage * 16384) + a_row0;
-            const unsigned char* const b_stage = reinterpret_cast<const unsigned char*>(b_tiles + stage * 2048) + b_col0;
+            convgen_barrier_wait(full + 8u * stage, phase);
+            const unsigned a_stage = a_tiles + stage * 65536u + a_row0;
+            const unsigned b_stage = b_tiles + stage * 8192u + b_col0;
             // Not unrolled: the slice's 4,096 FMAs unrolled are 64 KB of code, past the instruction cache.
 #pragma unroll 1
             for (int chunk = 0; chunk < 8; ++chunk) {
@@ -188,13 +200,13 @@ convgen_implicit_gemm_tma_e6fd52c872(const __grid_constant__ convgen_tensor_map 
                 float4 a[16];
 #pragma unroll
                 for (int i = 0; i < 16; ++i)
-                    a[i] = *reinterpret_cast<const float4*>(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
+                    a[i] = convgen_load_shared4(a_stage + i * 512 + (a_even ^ (i % 2 ? 64u : 0u)));
                 float4 b[4][2];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
 #pragma unroll
                     for (int j = 0; j < 2; ++j)
-                        b[q][j] = *reinterpret_cast<const float4*>(b_stage + (chunk * 4 + q) * 256 + j * 128);
+                        b[q][j] = convgen_load_shared4(b_stage + (chunk * 4 + q) * 256 + j * 128);
                 }
                 // Rows outermost, so that a row's A float4 dies after its 32 FMAs and the 16 rows never hold
                 // 64 A registers at once; within a row the k-steps run serpentine along n (the reuse cache).
@@ -218,7 +230,7 @@ convgen_implicit_gemm_tma_e6fd52c872(const __grid_constant__ convgen_tensor_map 
             // H100 (GEMM v17); the fence on every lane waits for its loads.
             __threadfence_block();
             __syncwarp();
-            if (lane == 0) convgen_barrier_arrive(&empty[stage]);
+            if (lane == 0) convgen_barrier_arrive(empty + 8u * stage);
             if (++stage == 3) {
                 stage = 0;
                 phase ^= 1u;
