@@ -9,7 +9,7 @@ import pytest
 
 from codegen import catalogue, render
 from codegen.api import plan
-from codegen.compile import compiler_fingerprint
+from codegen.compile import compiler_fingerprint, options_for
 from codegen.emit import SELFTEST_BUDGET, build_flags, emit, emit_source, selftest_stride
 from codegen.spec import ConvSpec
 
@@ -157,7 +157,7 @@ def test_tma_main_loop_is_the_same_ptx_from_nvcc_as_from_nvrtc(tmp_path):
     program = nvrtc.createProgram(render.render_kernels(plan(entry.family, entry.spec, entry.tiles, "sm_90a")).code,
                                   "package.cu", [], [])
     try:
-        nvrtc.compileProgram(program, ["-arch=compute_90a", "-std=c++17"])
+        nvrtc.compileProgram(program, list(options_for("sm_90a")))   # exactly as the package compiles it
         package = nvrtc.getPTX(program).rstrip(b"\0").decode()
     finally:
         nvrtc.destroyProgram(program)
