@@ -27,6 +27,7 @@ otherwise.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -314,7 +315,7 @@ def tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
     return -(-gemm_m // block_m) * -(-gemm_n // block_n)
 
 
-def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
+def heuristic(spec: ConvSpec) -> GemmTiles:
     """A sound tile choice without tuning, distilled from tuning the 16 benchmark layers on an
     H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
@@ -332,7 +333,11 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
       A tiles load along pixels;
     - block_k 16 (8 when K = C*taps is below 64, where half a slice would be padding), 3 cp.async
       stages in dynamic shared memory (the launchers opt in above 48 KB);
-    - vector loads where the layout allows, precomputed row offsets always;
+    - one float a copy (``vector_load`` off) in every layout, precomputed row offsets always: a
+      slice lands k-major in shared memory, so cp.async copies are 4 bytes either way, and one
+      channel a thread makes a slice's 16 channels of a pixel (or filter row) 16 adjacent lanes,
+      64 contiguous bytes, where four a thread spread one warp copy over 16 sectors (channels-last
+      layers 1.08-1.44x, docs/perf.md GEMM v22);
     - split-K (CUTLASS's serial reduction through atomic adds) when the output has fewer than
       ``SPLIT_K_CTAS`` tiles: enough splits to reach it, each keeping ``SPLIT_K_MIN_SLICES``.
     """
@@ -353,16 +358,17 @@ def heuristic(spec: ConvSpec, a_vector_ok: bool) -> GemmTiles:
     if ctas < SPLIT_K_CTAS:
         split_k = max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
     return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
-                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=a_vector_ok, split_k=split_k)
+                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k)
 
 
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     """Every tile configuration the tuner may try: CTA tiles 32-256 (block_n no wider than the
     channels need), block_k 8-32, the micro-tiles of ``MICRO_TILES``, four warp shapes, 2-4 stages, with and
-    without the row table, split-K 1, 2 or 4 where the output has fewer than ``SPLIT_K_CTAS``
-    tiles; kept only if ``check_geometry`` accepts it."""
+    without the row table, with and without four-float loads where A allows them, split-K 1, 2 or 4
+    where the output has fewer than ``SPLIT_K_CTAS`` tiles; kept only if ``check_geometry`` accepts it."""
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
     widest = max(32, -(-gemm_n // 32) * 32)
+    vector_choices = (False, True) if a_vector_ok else (False,)
     space = []
     for block_m in (32, 64, 128, 256):
         for block_n in (b for b in (32, 64, 96, 128, 256) if b <= widest):
@@ -371,12 +377,12 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
                 for thread_m, thread_n in MICRO_TILES:
                     for lanes_m in (2, 4, 8, 16):
                         for stages in (2, 3, 4):
-                            for precomp in (True, False):
+                            for precomp, vector_load in itertools.product((True, False), vector_choices):
                                 for split_k in (1, 2, 4) if few_tiles else (1,):
                                     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k,
                                                  warp_m=lanes_m * thread_m, warp_n=(32 // lanes_m) * thread_n,
                                                  thread_m=thread_m, thread_n=thread_n, stages=stages, async_copy=True,
-                                                 vector_load=a_vector_ok, vector_smem=True, precomp=precomp,
+                                                 vector_load=vector_load, vector_smem=True, precomp=precomp,
                                                  split_k=split_k, tma=False)
                                     try:
                                         check_geometry(GemmTiles(**tiles))
@@ -387,13 +393,13 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     return space
 
 
-def tuning_seeds(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
+def tuning_seeds(spec: ConvSpec) -> list[dict]:
     """``WIDE_TILES`` at block_k 8 and 16, otherwise as the heuristic: the 16x8 micro-tiles (128
     threads) of cuBLAS's and cuDNN's fp32 kernels on this GPU.  In a space of thousands, random
     sampling seldom draws them and one-parameter steps from an 8x8 winner cannot reach them (the
     warp tile must change with the micro-tile); measured on an H100 they won c3d_conv3 by 8%,
     conv8 by 4% and c3d_conv2 by 3% over the heuristic, and were up to 62% slower on conv4."""
-    base = heuristic(spec, a_vector_ok).to_dict()
+    base = heuristic(spec).to_dict()
     return [{**base, **dict(zip(("block_m", "block_n", "warp_m", "warp_n", "thread_m", "thread_n"), shape)),
              "block_k": block_k, "split_k": 1}
             for shape in WIDE_TILES for block_k in (8, 16)]

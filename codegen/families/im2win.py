@@ -58,7 +58,7 @@ def _per_chunk(spec: ConvSpec, gemm_configs) -> list[dict]:
     """The GEMM core's configurations (``gemm.tuning_space`` or ``gemm.tuning_seeds``) for one
     heuristic batch chunk's GEMM, each with that chunk."""
     chunk = batch_chunk(spec)
-    return [dict(tiles, batch_chunk=chunk) for tiles in gemm_configs(replace(spec, n=chunk), window_vector_ok(spec))]
+    return [dict(tiles, batch_chunk=chunk) for tiles in gemm_configs(replace(spec, n=chunk))]
 
 
 def window_vector_ok(spec: ConvSpec) -> bool:
@@ -94,11 +94,11 @@ class Im2win(Family):
     def default_tiles(self, spec: ConvSpec) -> Im2winTiles:
         """``gemm.heuristic`` for one chunk's GEMM, the chunk from ``batch_chunk``."""
         chunk = batch_chunk(spec)
-        core = gemm.heuristic(replace(spec, n=chunk), window_vector_ok(spec))
+        core = gemm.heuristic(replace(spec, n=chunk))
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        return _per_chunk(spec, gemm.tuning_space)
+        return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)))
 
     def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
         return _per_chunk(spec, gemm.tuning_seeds)

@@ -70,7 +70,7 @@ class ImplicitGemm(Family):
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        return gemm.heuristic(spec, image_vector_ok(spec))
+        return gemm.heuristic(spec)
 
     def heuristic_tiles(self, spec: ConvSpec, arch: str) -> gemm.GemmTiles:
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
@@ -133,7 +133,7 @@ class ImplicitGemm(Family):
 
     def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
         """The GEMM core's seeds, plus the TMA heuristic where the spec suits it."""
-        seeds = gemm.tuning_seeds(spec, image_vector_ok(spec))
+        seeds = gemm.tuning_seeds(spec)
         return seeds + ([self.tma_tiles(spec).to_dict()] if tma_suits(spec) else [])
 
     def _tma_space(self, spec: ConvSpec) -> list[dict]:
