@@ -270,7 +270,7 @@ def test_gemm_heuristic_tiles_are_valid_and_load_a_along_pixels(spec):
     micro-tiles, one warp across the channels."""
     from codegen.families.gemm import check_geometry, heuristic, pixels_split_evenly
 
-    tiles = heuristic(spec, a_vector_ok=False)
+    tiles = heuristic(spec)
     check_geometry(tiles)
     assert pixels_split_evenly(tiles.block_m, tiles.threads), tiles
     if tiles.block_n == 96 and tiles.block_m > 32:
