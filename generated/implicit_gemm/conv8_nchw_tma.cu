@@ -111,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map wt_map, const float* __restrict__ x, float* __restrict__ y)
 {
     // Dynamic shared memory (197696 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
-    // swizzle's period), 4 A tiles [256][32], 4 B tiles [32][128], then the full and empty mbarriers.
+    // swizzle's period), 4 A tiles [32][256], 4 B tiles [32][128], then the full and empty mbarriers.
     extern __shared__ __align__(16) unsigned char shared_memory[];
     // All of it is addressed by 32-bit shared addresses (convgen_load_shared4 says why); stage s's tiles and
     // mbarriers lie at a_tiles + 32768 s, b_tiles + 16384 s, full + 8 s and empty + 8 s.

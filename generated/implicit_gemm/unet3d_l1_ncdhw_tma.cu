@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 convgen_implicit_gemm_tma_ffa9fd6d9d(const __grid_constant__ convgen_tensor_map wt_map, const float* __restrict__ x, float* __restrict__ y)
 {
     // Dynamic shared memory (205904 bytes): up to 1008 bytes to reach a 1024-byte boundary (the
-    // swizzle's period), 5 A tiles [256][32], 5 B tiles [32][64], then the full and empty mbarriers.
+    // swizzle's period), 5 A tiles [32][256], 5 B tiles [32][64], then the full and empty mbarriers.
     extern __shared__ __align__(16) unsigned char shared_memory[];
     // All of it is addressed by 32-bit shared addresses (convgen_load_shared4 says why); stage s's tiles and
     // mbarriers lie at a_tiles + 32768 s, b_tiles + 8192 s, full + 8 s and empty + 8 s.
