@@ -254,6 +254,8 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
                 origin_b = one(cols_axis["aligned_origin" if context["vector_load"] else "halo_origin"], **{f"tile{b}": tb})
                 if context["vector_load"] and (origin_b % 4 or size_b % 4):
                     raise AssertionError(f"16-byte copies from column {origin_b} of a row of {size_b}: misaligned")
+                if tiles.variant == "tiled_tma":   # the kernel's box starts at the aligned column
+                    check_box_start("x", one(cols_axis["aligned_origin"], **{f"tile{b}": tb}))
                 shared = np.full((spec.n, spec.c, rows_axis["halo_extent"], context["row_pitch"]), np.nan)
                 for row, col in copied:
                     ia, ib = origin_a + row, origin_b + col
@@ -294,6 +296,15 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
                 if 0 <= i0 < spec.input_size[0]:
                     y[:, :, o0] += plane(x[:, :, i0], w[:, :, k0])
     return np.moveaxis(y, 1, -1) if spec.layout.channels_last else y
+
+
+def check_box_start(buffer: str, innermost: int) -> None:
+    """TMA's rule for the innermost coordinate of a copy: a multiple of 16 bytes (4 floats).  The
+    driver cannot check it when it encodes a map, since it is the kernel that names coordinates;
+    on the H100 a copy from column -1 stopped the kernel with an illegal instruction (docs/perf.md,
+    direct v8 and GEMM v23).  The CPU models hold every copy they make to it."""
+    if innermost % 4:
+        raise AssertionError(f"TMA copy of {buffer} from innermost coordinate {innermost}: not 16-byte aligned")
 
 
 def im2col_walk(tensor_map, coords: tuple[int, ...], offsets: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
@@ -403,6 +414,7 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
             for k in range(k_first, k_last):
                 kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
                 channels = c0 + np.arange(bk)[None, :]
+                check_box_start(w_map.buffer, n_tile)
                 b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
                 acc += load(kk, c0) @ b
             whole = k_first == 0 and k_last == slices
@@ -426,6 +438,7 @@ def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
             starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
 
         def load(kk: int, c0: int) -> np.ndarray:
+            check_box_start(x_map.buffer, c0)
             offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
             walk = np.array([pixel for start in starts
                              for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])

@@ -354,6 +354,19 @@ def test_tma_implicit_gemm_gather_algebra(spec, drawn, seed):
     assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
 
 
+def test_cpu_models_refuse_tma_copies_from_an_unaligned_innermost_coordinate():
+    """TMA copies must start 16-byte aligned along the innermost dimension (an illegal instruction
+    on the H100 otherwise, which no map encoding catches), so the CPU models (tma_gemm_by_terms,
+    register_tiles_by_terms) hold every copy they make to the rule."""
+    from codegen.maps import check_box_start
+
+    for innermost in (-8, -4, 0, 4, 64):
+        check_box_start("x", innermost)
+    for innermost in (-1, 1, 2, 6):
+        with pytest.raises(AssertionError, match="not 16-byte aligned"):
+            check_box_start("x", innermost)
+
+
 @given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW), max_channels=9, max_size=9))
 def test_gather_terms_split_the_image_offset_into_pixel_tap_and_channel(spec):
     """base(pixel) + tap_delta(tap) + c * channel_stride is x_offset of the input pixel the output
