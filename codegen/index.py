@@ -700,7 +700,10 @@ def gather_terms(algebra: IndexAlgebra) -> dict:
     per element: ``gemm_terms``' per-pixel base, origins and padded axes, plus the offset of a
     k-slice's tap at channel 0 (``tap_delta``, of k0, k1[, k2]) and the stride between channels,
     so that channel c of the slice's tap is base + tap_delta + c * channel_stride.  The output
-    terms (``y_base``, ``y_oc_stride``) place the tile's pixels in the channels-first output."""
+    terms (``y_base``, ``y_oc_stride``) place the tile's pixels in the channels-first output.
+    ``pixels_contiguous``: pixels g apart in one image read elements g apart (unit strides, and
+    every axis but the outermost as long in the output as in the input, as under 'same' padding),
+    so that base(col + g) = base(col) + g while col and col + g lie in one image."""
     if algebra.spec.layout.channels_last:
         raise ValueError("the gathered A operand is for channels-first images (channels-last ones use an im2col map)")
     terms = gemm_terms(algebra, "image")
@@ -711,6 +714,8 @@ def gather_terms(algebra: IndexAlgebra) -> dict:
         **{key: terms[key] for key in ("a_base", "a_origin", "a_checked", "y_base", "y_oc_stride")},
         "tap_delta": to_c(tap_delta),
         "channel_stride": channel_stride,
+        "pixels_contiguous": (all(s == 1 for s in algebra.spec.stride)
+                              and algebra.spec.input_size[1:] == algebra.out_size[1:]),
         "exprs": {**terms["exprs"], "tap_delta": tap_delta},
     }
 

@@ -451,8 +451,10 @@ def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
 def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
     """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
     the producer warps gather it from a channels-first image: per pixel the printed base and
-    origins, per slice the tap's delta plus channel times the channel stride, zeros (zero-size
-    copies) for pixels past the output, taps in the padding and channels past C."""
+    origins (with ``shared_row_address``, a thread's pixels u at its first pixel's base plus
+    u * columns, as the kernel addresses them), per slice the tap's delta plus channel times the
+    channel stride, zeros (zero-size copies) for pixels past the output, taps in the padding and
+    channels past C."""
     alg = IndexAlgebra(spec)
     terms = index.gather_terms(alg)
     exprs = terms["exprs"]
@@ -463,6 +465,9 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
         inside = cols < gemm_m
         pixel = _pixel(alg, np.where(inside, cols, 0))
         base = _eval(exprs["a_base"], **pixel)
+        if context["shared_row_address"]:   # a thread's pixels u: its first pixel's base + u * columns
+            first = np.arange(cols.size) % context["gather_columns"]
+            base = np.broadcast_to(base, cols.shape)[first] + (cols - col - first)
         origins = {check["axis"]: _eval(exprs["a_origin"][check["axis"]], **pixel) for check in terms["a_checked"]}
 
         def load(kk: int, c0: int) -> np.ndarray:

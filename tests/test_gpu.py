@@ -427,7 +427,9 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     share tiles (zeroed, then summed with atomic adds); and 273 16x8 tiles with stream-K forced
     on (the package takes it for 16x8 only on long grids such as conv4's), whose tail runs in a
     second launch after one round of whole tiles.  Channels-first, the gathered A tile: the same
-    edges, strides past TMA's limit of 8, and shared tiles with float4 and with scalar stores."""
+    edges, strides past TMA's limit of 8, and shared tiles with float4 and with scalar stores;
+    and same-padded specs whose producer threads address all their pixels from one address a
+    channel (their padding pixels' addresses fall outside x and must not be read)."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -449,10 +451,18 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     for spec in edge:
         _assert_conv_matches("implicit_gemm", spec, {"tma": True}, 0)
         _assert_conv_matches("implicit_gemm", spec, two_boxes, 0)
+    tall = {"tma": True, "thread_m": 16, "warp_m": 64, "block_m": 256, "block_n": 64, "stages": 3}
+    from codegen.api import plan
+
+    for spec in (ConvSpec(dims=3, layout="NCDHW", n=2, c=64, k=40, input_size=(8, 8, 8), filter_size=3, padding=1),
+                 ConvSpec(dims=2, layout="NCHW", n=3, c=32, k=64, input_size=(16, 32), filter_size=(3, 5),
+                          padding=(1, 4), dilation=(1, 2))):
+        for tiles in (tall, two_boxes):
+            assert plan("implicit_gemm", spec, tiles).context["shared_row_address"]
+            _assert_conv_matches("implicit_gemm", spec, tiles, 0)
     for layout, size in (("NHWC", 132), ("NCHW", 132), ("NCHW", 131)):
         shared = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(size, size), filter_size=3, padding=1)
         _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
-    from codegen.api import plan
     from codegen.families import implicit_gemm
 
     monkeypatch.setattr(implicit_gemm, "takes_stream_k", lambda tiles, count, blocks: True)

@@ -354,6 +354,53 @@ def test_tma_implicit_gemm_gather_algebra(spec, drawn, seed):
     assert compare(tma_gemm_by_terms(spec, drawn, x, w), family.reference(spec, x, w)) is None
 
 
+@st.composite
+def same_padded_specs(draw):
+    """Channels-first, unit-stride specs whose output keeps the input's extent on every axis but the
+    outermost (odd filters under padding d * (f - 1) / 2 there), so that pixels are contiguous."""
+    dims = draw(st.sampled_from((2, 3)))
+    filters = [draw(st.sampled_from((1, 3, 5))) for _ in range(dims)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(dims)]
+    same = [d * (f - 1) // 2 for f, d in zip(filters, dilation)]
+    padding = [draw(st.one_of(st.just(same[0]), st.integers(0, 2)))] + same[1:]
+    sizes = [draw(st.one_of(st.sampled_from((8, 16)), st.sampled_from((8, 16)), st.integers(1, 9)))
+             for f, d, p in zip(filters, dilation, padding)]
+    assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, d, p in zip(sizes, filters, dilation, padding)))
+    return ConvSpec(dims=dims, layout="NCHW" if dims == 2 else "NCDHW", n=draw(st.integers(1, 2)),
+                    c=draw(st.sampled_from((32, 64))), k=draw(st.integers(1, 70)), input_size=tuple(sizes),
+                    filter_size=tuple(filters), padding=tuple(padding), dilation=tuple(dilation))
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=same_padded_specs(), block_m=st.sampled_from((256, 512)), seed=st.integers(0, 2**16))
+def test_tma_gather_shares_one_address_among_contiguous_pixels(spec, block_m, seed):
+    """Where pixels are contiguous and no tile crosses an image, a producer thread addresses its
+    pixels u from its first pixel's base plus u * columns: pixels_contiguous says when that is
+    the printed base of each pixel, and the CPU model, addressing as the kernel does, matches the
+    slicing reference; elsewhere the flag stays off."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    alg = index.IndexAlgebra(spec)
+    terms = index.gather_terms(alg)
+    assert terms["pixels_contiguous"]
+    pixels = math.prod(alg.out_size)
+    col = np.arange(alg.cols)
+    base = index.evaluate(terms["exprs"]["a_base"], dict(zip(["n", *(f"o{j}" for j in range(spec.dims))],
+                                                             (index.evaluate(e, {"col": col}) for e in alg.col_coords))))
+    same_image = col % pixels != 0
+    assert np.array_equal(np.diff(base)[same_image[1:]], np.ones(int(same_image[1:].sum()), dtype=np.int64))
+    tiles = {"block_m": block_m, "block_n": 64, "thread_m": 16, "warp_m": 64, "stages": 3}
+    family = get_family("implicit_gemm")
+    shared = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context["shared_row_address"]
+    assert shared == (pixels % block_m == 0)
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+    wider = ConvSpec(**{**spec.to_dict(), "padding": (spec.padding[0], *(p + 1 for p in spec.padding[1:]))})
+    assert not index.gather_terms(index.IndexAlgebra(wider))["pixels_contiguous"]
+
+
 def test_cpu_models_refuse_tma_copies_from_an_unaligned_innermost_coordinate():
     """TMA copies must start 16-byte aligned along the innermost dimension (an illegal instruction
     on the H100 otherwise, which no map encoding catches), so the CPU models (tma_gemm_by_terms,

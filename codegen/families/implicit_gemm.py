@@ -251,17 +251,23 @@ class ImplicitGemm(Family):
         thread t copies pixel column t % columns (and every ``columns`` further) for channels
         t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels.
         ``c_short`` (C < 32): the rows past C are zeroed once, not copied in every slice (C = 3 had
-        29 zero-size copies a pixel, and their predicates spilled the producer's 40 registers)."""
+        29 zero-size copies a pixel, and their predicates spilled the producer's 40 registers).
+        ``shared_row_address``: where pixels are contiguous (``index.gather_terms``), no tile
+        crosses an image and channels fill whole slices, a thread forms one address a channel for
+        all its pixels (docs/perf.md, GEMM v24: 2 instructions a copy instead of 3)."""
         block_k = gemm.TMA_FIXED["block_k"]
         threads = 32 * tiles.producer_warps
         columns = min(tiles.block_m, threads)
         gemm_m, _, _ = index.gemm_sizes(alg)
+        terms = index.gather_terms(alg)
+        c_tail, c_short = alg.spec.c % block_k != 0, alg.spec.c < block_k
         return {
-            **index.gather_terms(alg),
+            **terms,
             "gather_threads": threads, "gather_columns": columns, "gather_pixels": tiles.block_m // columns,
             "gather_row_step": threads // columns, "gather_rows": block_k * columns // threads,
-            "m_tail": gemm_m % tiles.block_m != 0, "c_tail": alg.spec.c % block_k != 0,
-            "c_short": alg.spec.c < block_k,
+            "m_tail": gemm_m % tiles.block_m != 0, "c_tail": c_tail, "c_short": c_short,
+            "shared_row_address": (terms["pixels_contiguous"] and math.prod(alg.out_size) % tiles.block_m == 0
+                                   and tiles.block_m > columns and not c_tail),
         }
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:

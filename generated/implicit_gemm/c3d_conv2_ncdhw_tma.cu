@@ -174,16 +174,20 @@ convgen_implicit_gemm_tma_bae4d6e016(const __grid_constant__ convgen_tensor_map 
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
                 const unsigned a_stage = a_tiles + 4u * (stage * 8192 + row0 * 256 + column);
+                // Pixels u lie u * 128 elements apart in x as in the tile (unit strides, rows as long as the output's, one
+                // image), so pixel 0's address (base[0]) serves them all, one a channel, the copies differing by an immediate
+                // offset. A pixel in the padding copies nothing: its address, which may lie outside x, is never read.
+                bool valid[2];
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const bool valid = (unsigned)(origin0[u] + k0) < 16u && (unsigned)(origin1[u] + k1) < 56u && (unsigned)(origin2[u] + k2) < 56u;
-                    const float* const source = x + (valid ? base[u] + delta : 0);
+                for (int u = 0; u < 2; ++u) valid[u] = (unsigned)(origin0[u] + k0) < 16u && (unsigned)(origin1[u] + k1) < 56u && (unsigned)(origin2[u] + k2) < 56u;
+                const float* const first = x + base[0] + delta;
 #pragma unroll
-                    for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
+                for (int v = 0; v < 32; ++v) {
+                    const float* const channel = first + v * 50176;
+#pragma unroll
+                    for (int u = 0; u < 2; ++u)
                         convgen_copy4(a_stage + 4u * (v * 256 + u * 128),
-                                      source + v * 50176, valid);
-                    }
+                                      channel + u * 128, valid[u]);
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 4) {
