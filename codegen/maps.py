@@ -409,12 +409,12 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         for tile, k_first, k_last in work(block):
             col = tile // context["n_tiles"] * bm
             n_tile = tile % context["n_tiles"] * bn
+            check_box_start(w_map.buffer, n_tile)      # every B box of the tile starts at n_tile
             load = a_tile(col)
             acc = np.zeros((bm, bn))
             for k in range(k_first, k_last):
                 kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
                 channels = c0 + np.arange(bk)[None, :]
-                check_box_start(w_map.buffer, n_tile)
                 b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
                 acc += load(kk, c0) @ b
             whole = k_first == 0 and k_last == slices
