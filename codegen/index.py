@@ -703,21 +703,49 @@ def gather_terms(algebra: IndexAlgebra) -> dict:
     terms (``y_base``, ``y_oc_stride``) place the tile's pixels in the channels-first output.
     ``pixels_contiguous``: pixels g apart in one image read elements g apart (unit strides, and
     every axis but the outermost as long in the output as in the input, as under 'same' padding),
-    so that base(col + g) = base(col) + g while col and col + g lie in one image."""
+    so that base(col + g) = base(col) + g while col and col + g lie in one image.
+    ``pairs_in_rows``: output rows have an even length, so that pixels 2j and 2j + 1 share a row
+    and read elements ``pair_step`` apart (W's stride) at every tap.  ``pairs_aligned``: besides,
+    the pair's two elements are adjacent and every stride of x but W's is even, so that where a
+    tap's W offset is even (``gather_slices``) the pair is one 8-byte-aligned pair of elements,
+    inside the image or outside it together."""
     if algebra.spec.layout.channels_last:
         raise ValueError("the gathered A operand is for channels-first images (channels-last ones use an im2col map)")
+    spec = algebra.spec
     terms = gemm_terms(algebra, "image")
     delta = terms["a_delta"]
     channel_stride = int(delta.coeff(algebra.c))
     tap_delta = sympy.expand(delta - channel_stride * algebra.c)
+    pair_step = int(sympy.expand(terms["exprs"]["a_base"]).coeff(algebra.o[-1]))
+    pairs_in_rows = algebra.out_size[-1] % 2 == 0
     return {
         **{key: terms[key] for key in ("a_base", "a_origin", "a_checked", "y_base", "y_oc_stride")},
         "tap_delta": to_c(tap_delta),
         "channel_stride": channel_stride,
-        "pixels_contiguous": (all(s == 1 for s in algebra.spec.stride)
-                              and algebra.spec.input_size[1:] == algebra.out_size[1:]),
+        "pixels_contiguous": all(s == 1 for s in spec.stride) and spec.input_size[1:] == algebra.out_size[1:],
+        "pairs_in_rows": pairs_in_rows,
+        "pair_step": pair_step,
+        "pairs_aligned": pairs_in_rows and pair_step == 1 and spec.input_size[-1] % 2 == 0,
         "exprs": {**terms["exprs"], "tap_delta": tap_delta},
     }
+
+
+def gather_slices(algebra: IndexAlgebra, block_k: int) -> list[tuple[int, bool]]:
+    """Per k-slice of the gathered A tile (tap kk = k // chunks, channels from c0 = k % chunks *
+    ``block_k``): the offset of channel c0 at that tap from a pixel's base (tap_delta + c0 *
+    channel_stride), and whether the tap's W offset (k * dilation - padding) is even, so that where
+    ``pairs_aligned`` holds a pair of pixels from an even column reads an aligned element pair."""
+    spec = algebra.spec
+    terms = gather_terms(algebra)
+    chunks = -(-spec.c // block_k)
+    slices = []
+    for k in range(algebra.taps * chunks):
+        kk, c0 = divmod(k, chunks)
+        taps = dict(zip(algebra.k, (int(e.subs(algebra.kk, kk)) for e in algebra.tap_coords)))
+        offset = int(terms["exprs"]["tap_delta"].subs(taps)) + c0 * block_k * terms["channel_stride"]
+        w_offset = int(algebra.in_coord[-1].subs({algebra.o[-1]: 0, **taps}))
+        slices.append((offset, w_offset % 2 == 0))
+    return slices
 
 
 def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> dict:

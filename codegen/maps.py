@@ -451,34 +451,54 @@ def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
 def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
     """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
     the producer warps gather it from a channels-first image: per pixel the printed base and
-    origins (with ``shared_row_address``, a thread's pixels u at its first pixel's base plus
-    u * columns, as the kernel addresses them), per slice the tap's delta plus channel times the
-    channel stride, zeros (zero-size copies) for pixels past the output, taps in the padding and
-    channels past C."""
+    origins, each pixel addressed as the kernel does (from its group's anchor pixel plus the
+    member's offset, ``gather_groups``), per slice the offset from the constant table (or the
+    tap's delta) plus channel times the channel stride, zeros (zero-size copies) for pixels past
+    the output, taps in the padding and channels past C.  Where a slice copies pixel pairs as one
+    8-byte copy, it checks that each pair is aligned and in or out of the image together, and
+    gives both elements the first pixel's validity, as the kernel does."""
     alg = IndexAlgebra(spec)
     terms = index.gather_terms(alg)
     exprs = terms["exprs"]
-    gemm_m, bk = context["GEMM_M"], context["BK"]
+    gemm_m, bk, bm = context["GEMM_M"], context["BK"], context["BM"]
+    columns, offsets = context["gather_columns"], context["gather_offsets"]
+    width = 2 if context["gather_pairs"] else 1
+    anchor, member_offset = np.arange(bm), np.zeros(bm, dtype=np.int64)
+    for column in range(columns):
+        for group in context["gather_groups"]:
+            for u, offset in group["members"]:
+                at = width * column + offsets[u]
+                anchor[at], member_offset[at] = width * column + offsets[group["anchor"]], offset
+    table = context["slice_table"]
 
     def a_tile(col: int):
-        cols = col + np.arange(context["BM"], dtype=np.int64)
+        cols = col + np.arange(bm, dtype=np.int64)
         inside = cols < gemm_m
         pixel = _pixel(alg, np.where(inside, cols, 0))
-        base = _eval(exprs["a_base"], **pixel)
-        if context["shared_row_address"]:   # a thread's pixels u: its first pixel's base + u * columns
-            first = np.arange(cols.size) % context["gather_columns"]
-            base = np.broadcast_to(base, cols.shape)[first] + (cols - col - first)
+        base = np.broadcast_to(_eval(exprs["a_base"], **pixel), cols.shape)[anchor] + member_offset
         origins = {check["axis"]: _eval(exprs["a_origin"][check["axis"]], **pixel) for check in terms["a_checked"]}
 
         def load(kk: int, c0: int) -> np.ndarray:
+            k = kk * context["c_chunks"] + c0 // bk
             taps = {f"k{j}": np.int64(_eval(e, kk=np.int64(kk))) for j, e in enumerate(alg.tap_coords)}
             valid = inside.copy()
             for check in terms["a_checked"]:
                 at = origins[check["axis"]] + taps[f"k{check['axis']}"] * spec.dilation[check["axis"]]
                 valid &= (at >= 0) & (at < check["size"])
-            channels = c0 + np.arange(bk)
-            present = valid[:, None] & (channels < spec.c)[None, :]
-            offset = base[:, None] + _eval(exprs["tap_delta"], **taps) + channels[None, :] * terms["channel_stride"]
+            flagged = context["gather_wide"] == "slice"      # the table's entries: 2 * offset + wide
+            if table is None:
+                slice_offset = _eval(exprs["tap_delta"], **taps) + c0 * terms["channel_stride"]
+            else:
+                slice_offset = table[k] >> 1 if flagged else table[k]
+            channels = np.arange(bk)
+            offset = base[:, None] + slice_offset + channels[None, :] * terms["channel_stride"]
+            wide = context["gather_wide"] == "always" or (flagged and table[k] & 1)
+            if wide:
+                first = np.arange(0, bm, 2)
+                assert np.array_equal(valid[first], valid[first + 1]), "an 8-byte pair copy half in the padding"
+                assert not (offset[first][valid[first]] % 2).any(), "an 8-byte pair copy from an odd element"
+                valid[first + 1] = valid[first]
+            present = valid[:, None] & (c0 + channels < spec.c)[None, :]
             return np.where(present, flat_x[np.where(present, offset, 0)], 0.0)
         return load
     return a_tile

@@ -62,6 +62,13 @@ TMA_GEMM_SPECS = {  # channels-last with pitches multiple of 4 (the im2col map),
                                stride=(2, 1), padding=1, dilation=(1, 2)),
     "3d-ncdhw": ConvSpec(dims=3, layout="NCDHW", n=1, c=64, k=40, input_size=(4, 5, 6), filter_size=(2, 3, 3),
                          stride=(1, 2, 2), padding=(0, 1, 1), dilation=(2, 1, 1)),
+    # Even output rows: pixel pairs, 8-byte copies at the taps with even W offsets ("slice"), at none
+    # (W stride 2), at every tap (W offsets 2k - 2)
+    "2d-nchw-pairs": ConvSpec(dims=2, layout="NCHW", n=2, c=32, k=40, input_size=(9, 14), filter_size=3, padding=1),
+    "2d-nchw-pairs-strided": ConvSpec(dims=2, layout="NCHW", n=2, c=64, k=40, input_size=(9, 16), filter_size=3,
+                                      stride=(1, 2), padding=1),
+    "3d-ncdhw-pairs-wide": ConvSpec(dims=3, layout="NCDHW", n=1, c=32, k=40, input_size=(4, 6, 12),
+                                    filter_size=(2, 3, 3), padding=(0, 1, 2), dilation=(1, 1, 2)),
 }
 TMA_GEMM_SWITCHES = {"heuristic": {"tma": True}, "wide": {"tma": True, "block_m": 64, "block_n": 256, "stages": 3},
                      "tall": {"tma": True, "block_m": 256, "block_n": 64, "stages": 2},
@@ -108,6 +115,22 @@ def test_tma_kernel_keeps_all_shared_memory_dynamic(cache_dir):
                    arch="sm_90")
     (resources,) = kernel.compiled.resources.values()
     assert resources.shared_bytes == 0 and kernel.plan.launches[0].shared_bytes == 128 + 3 * 4096 * 4
+
+
+def test_gathered_tma_kernel_decodes_taps_where_the_slice_table_would_not_fit(monkeypatch, cache_dir):
+    """Past SLICE_TABLE_LIMIT slices the producer decodes each slice's tap and copies pixel pairs
+    as two 4-byte copies (the wide flag lives in the table); under it, the table is printed."""
+    from codegen.families import implicit_gemm
+
+    spec = TMA_GEMM_SPECS["2d-nchw-pairs"]
+    with_table = build("implicit_gemm", spec, {"tma": True}, arch="sm_90")
+    assert with_table.plan.context["gather_wide"] == "slice" and "_slices[9] = {" in with_table.source.code
+    monkeypatch.setattr(implicit_gemm, "SLICE_TABLE_LIMIT", 8)
+    kernel = build("implicit_gemm", spec, {"tma": True}, arch="sm_90")
+    assert kernel.plan.context["slice_table"] is None and kernel.plan.context["gather_wide"] == "never"
+    assert "_slices" not in kernel.source.code and "convgen_copy8" not in kernel.source.code
+    assert kernel.compiled.warnings == []
+    assert all(r.spill_stores == 0 for r in kernel.compiled.resources.values())
 
 
 SWEEP = ([(family, None) for family in ("im2col", "col2im", "implicit_gemm", "im2win", "im2col_gemm")]

@@ -429,7 +429,9 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     second launch after one round of whole tiles.  Channels-first, the gathered A tile: the same
     edges, strides past TMA's limit of 8, and shared tiles with float4 and with scalar stores;
     and same-padded specs whose producer threads address all their pixels from one address a
-    channel (their padding pixels' addresses fall outside x and must not be read)."""
+    channel (their padding pixels' addresses fall outside x and must not be read); pixel pairs
+    (even output rows) as two 4-byte copies or one 8-byte copy by tap, with and without the slice
+    table."""
     edge = [
         ConvSpec(dims=2, layout="NHWC", n=1, c=4, k=1, input_size=(1, 1), filter_size=(1, 1)),
         ConvSpec(dims=2, layout="NHWC", n=3, c=4, k=67, input_size=(13, 11), filter_size=(3, 3), padding=1),
@@ -460,11 +462,27 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
         for tiles in (tall, two_boxes):
             assert plan("implicit_gemm", spec, tiles).context["shared_row_address"]
             _assert_conv_matches("implicit_gemm", spec, tiles, 0)
+    pairs = [  # even output rows: pixel pairs from one address a channel
+        ConvSpec(dims=2, layout="NCHW", n=2, c=32, k=40, input_size=(9, 14), filter_size=3, padding=1),
+        ConvSpec(dims=2, layout="NCHW", n=2, c=64, k=40, input_size=(9, 16), filter_size=3, stride=(1, 2), padding=1),
+        ConvSpec(dims=3, layout="NCDHW", n=1, c=32, k=40, input_size=(4, 6, 12), filter_size=(2, 3, 3),
+                 padding=(0, 1, 2), dilation=(1, 1, 2)),
+        ConvSpec(dims=2, layout="NCHW", n=3, c=32, k=20, input_size=(7, 9), filter_size=(3, 2)),
+    ]
+    for spec, wide in zip(pairs, ("slice", "never", "always", "never")):
+        for tiles in ({"tma": True}, tall, two_boxes):
+            context = plan("implicit_gemm", spec, tiles).context
+            assert context["gather_pairs"] and context["gather_wide"] == wide
+            _assert_conv_matches("implicit_gemm", spec, tiles, 0)
+    from codegen.families import implicit_gemm
+
+    with monkeypatch.context() as patch:
+        patch.setattr(implicit_gemm, "SLICE_TABLE_LIMIT", 0)
+        assert plan("implicit_gemm", pairs[0], {"tma": True}).context["slice_table"] is None
+        _assert_conv_matches("implicit_gemm", pairs[0], {"tma": True}, 0)
     for layout, size in (("NHWC", 132), ("NCHW", 132), ("NCHW", 131)):
         shared = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(size, size), filter_size=3, padding=1)
         _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
-    from codegen.families import implicit_gemm
-
     monkeypatch.setattr(implicit_gemm, "takes_stream_k", lambda tiles, count, blocks: True)
     for layout in ("NHWC", "NCHW"):
         long_grid = ConvSpec(dims=2, layout=layout, n=8, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)

@@ -400,6 +400,91 @@ def test_tma_gather_shares_one_address_among_contiguous_pixels(spec, block_m, se
     assert not index.gather_terms(index.IndexAlgebra(wider))["pixels_contiguous"]
 
 
+@st.composite
+def paired_specs(draw):
+    """Channels-first specs whose output rows have an even length and whose channels fill the
+    32-channel slices: the gathered A tile's producer threads copy pixel pairs."""
+    dims = draw(st.sampled_from((2, 3)))
+    filters = [draw(st.integers(1, 4)) for _ in range(dims)]
+    stride = [draw(st.integers(1, 2)) for _ in range(dims)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(dims)]
+    padding = [draw(st.integers(0, 2)) for _ in range(dims)]
+    sizes = [draw(st.integers(1, 12)) for _ in range(dims)]
+    out = [(size + 2 * p - d * (f - 1) - 1) // s + 1 for size, f, s, p, d in zip(sizes, filters, stride, padding, dilation)]
+    assume(min(out) > 0 and out[-1] % 2 == 0)
+    return ConvSpec(dims=dims, layout="NCHW" if dims == 2 else "NCDHW", n=draw(st.integers(1, 2)),
+                    c=draw(st.sampled_from((32, 64))), k=draw(st.integers(1, 70)), input_size=tuple(sizes),
+                    filter_size=tuple(filters), stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation))
+
+
+def _gather_plan(spec, block_m):
+    from codegen.families import get_family
+
+    tiles = {"block_m": block_m, "block_n": 64, "thread_m": 16 if block_m > 128 else 8,
+             "warp_m": 64 if block_m > 128 else 32, "stages": 3}
+    family = get_family("implicit_gemm")
+    return tiles, family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=paired_specs(), block_m=st.sampled_from((128, 256, 512)), seed=st.integers(0, 2**16))
+def test_tma_gather_copies_pixel_pairs_from_one_address(spec, block_m, seed):
+    """Where output rows have an even length (and one address cannot serve all of a thread's
+    pixels), a producer thread copies pixel pairs (2j, 2j + 1) from one address a channel, the
+    second pixel pair_step elements on; where W's stride is 1, the input rows even and a tap's W
+    offset even, a pair is one 8-byte copy.  The slice table holds each slice's offset and that
+    flag; the CPU model, addressing as the kernel does (and checking every 8-byte copy's
+    alignment), matches the slicing reference."""
+    from codegen.families import get_family
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    alg = index.IndexAlgebra(spec)
+    terms = index.gather_terms(alg)
+    tiles, context = _gather_plan(spec, block_m)
+    shared = terms["pixels_contiguous"] and math.prod(alg.out_size) % block_m == 0
+    assert context["shared_row_address"] == shared and context["gather_pairs"] == (not shared)
+    assert terms["pair_step"] == spec.stride[-1] and len(context["gather_groups"][0]["members"]) >= 2
+    slices = index.gather_slices(alg, 32)
+    w_even = [((kk % spec.filter_size[-1]) * spec.dilation[-1] - spec.padding[-1]) % 2 == 0
+              for kk in range(alg.taps) for _ in range(spec.c // 32)]
+    assert [wide for _, wide in slices] == w_even
+    assert context["slice_table"] == ([2 * offset + wide for offset, wide in slices] if context["gather_wide"] == "slice"
+                                      else [offset for offset, _ in slices])
+    aligned = spec.stride[-1] == 1 and spec.input_size[-1] % 2 == 0
+    expected_wide = ("never" if shared or not aligned or not any(w_even) else "always" if all(w_even) else "slice")
+    assert context["gather_wide"] == expected_wide
+    family = get_family("implicit_gemm")
+    x, w = family.make_inputs(spec, np.random.default_rng(seed))
+    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+
+
+def test_tma_gather_model_catches_a_wrong_pair_offset_or_a_misaligned_pair_copy(monkeypatch):
+    """The CPU model addresses pixel pairs from the plan's groups and checks each 8-byte copy, so
+    a pair whose second pixel reads the first one's element, or a pair copied whole at a tap whose W offset is odd, fails."""
+    from codegen.families import get_family, implicit_gemm
+    from codegen.fuzz import compare
+    from codegen.maps import tma_gemm_by_terms
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=32, k=8, input_size=(6, 10), filter_size=3)
+    family = get_family("implicit_gemm")
+    x, w = family.make_inputs(spec, np.random.default_rng(0))
+    tiles = {"block_m": 256, "block_n": 64, "thread_m": 16, "warp_m": 64, "stages": 3}
+    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
+    context = implicit_gemm.ImplicitGemm._gather_context
+
+    def shifted(alg, tiles):
+        found = context(alg, tiles)
+        return {**found, "gather_groups": [{"anchor": g["anchor"], "members": [(u, o - (u % 2)) for u, o in g["members"]]}
+                                           for g in found["gather_groups"]]}
+    monkeypatch.setattr(implicit_gemm.ImplicitGemm, "_gather_context", staticmethod(shifted))
+    assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is not None
+    monkeypatch.setattr(implicit_gemm.ImplicitGemm, "_gather_context",
+                        staticmethod(lambda alg, tiles: {**context(alg, tiles), "gather_wide": "always"}))
+    with pytest.raises(AssertionError, match="odd element"):
+        tma_gemm_by_terms(spec, tiles, x, w)
+
+
 def test_cpu_models_refuse_tma_copies_from_an_unaligned_innermost_coordinate():
     """TMA copies must start 16-byte aligned along the innermost dimension (an illegal instruction
     on the H100 otherwise, which no map encoding catches), so the CPU models (tma_gemm_by_terms,

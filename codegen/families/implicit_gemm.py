@@ -36,6 +36,10 @@ from codegen.families.direct import convolution_reference
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import SM_COUNT_HINT
 
+SLICE_TABLE_LIMIT = 2048
+"""Most k-slices whose offsets the gathered TMA kernel takes from a constant table (16 KB of the
+64 KB of constant memory at 8 bytes an entry); longer filters decode each slice's tap instead."""
+
 SHARED_PER_SM = 228 * 1024
 """Shared memory of one sm_90 SM, of which each resident block also takes ``BLOCK_RESERVED``."""
 BLOCK_RESERVED = 1024
@@ -238,7 +242,8 @@ class ImplicitGemm(Family):
             tiles_total=count, c_chunks=-(-spec.c // block_k), vector_store=vector_store,
             transpose={key: value for key, value in transposed.items() if key != "exprs"}, **a_context,
         )
-        buffers = (Buffer("x", alg.image_shape, "in", 16 if spec.layout.channels_last else 4),
+        x_alignment = 16 if spec.layout.channels_last else 8 if a_context.get("gather_wide", "never") != "never" else 4
+        buffers = (Buffer("x", alg.image_shape, "in", x_alignment),
                    Buffer("w", alg.filter_shape, "in"),
                    Buffer("y", alg.output_shape, "out", 16 if vector_store else 4),
                    Buffer("wt", transposed["shape"], "workspace", 16))
@@ -248,26 +253,58 @@ class ImplicitGemm(Family):
     @staticmethod
     def _gather_context(alg: index.IndexAlgebra, tiles: gemm.GemmTiles) -> dict:
         """How the producer warps share a channels-first A tile of block_m pixels x 32 channels:
-        thread t copies pixel column t % columns (and every ``columns`` further) for channels
-        t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels.
+        thread t copies its pixels (from tile position ``gather_first``, at ``gather_offsets``) of
+        channels t / columns + ``row_step`` * v, so that a warp's copies run along consecutive pixels.
         ``c_short`` (C < 32): the rows past C are zeroed once, not copied in every slice (C = 3 had
         29 zero-size copies a pixel, and their predicates spilled the producer's 40 registers).
-        ``shared_row_address``: where pixels are contiguous (``index.gather_terms``), no tile
-        crosses an image and channels fill whole slices, a thread forms one address a channel for
-        all its pixels (docs/perf.md, GEMM v24: 2 instructions a copy instead of 3)."""
+
+        A copy is a cp.async plus a 64-bit address, unless copies share an address and differ by
+        the instruction's immediate offset.  So where C fills whole slices, a thread's pixels (at
+        least two) come in ``gather_groups``, each addressed from its anchor pixel's base:
+        - ``shared_row_address``: where pixels are contiguous and no tile crosses an image, one
+          address a channel serves all of a thread's pixels (docs/perf.md, GEMM v24);
+        - else ``gather_pairs`` (``index.gather_terms``' ``pairs_in_rows``): a thread copies pixel
+          pairs 2j, 2j + 1, which read elements ``pair_step`` apart; where ``pairs_aligned`` and
+          the slice's tap allows (``gather_wide``), a pair is one 8-byte copy (GEMM v25).  Not
+          where the shared address serves: a warp's 4-byte copies of pairs write every other
+          word, two to a bank, which cost unet3d_l1 4 % on the H100.
+        ``slice_table``: each slice's tap offset (doubled, plus its wide flag, where the flag
+        varies) as a constant table, where it fits ``SLICE_TABLE_LIMIT``, instead of decoding the
+        tap in every slice."""
         block_k = gemm.TMA_FIXED["block_k"]
         threads = 32 * tiles.producer_warps
-        columns = min(tiles.block_m, threads)
         gemm_m, _, _ = index.gemm_sizes(alg)
         terms = index.gather_terms(alg)
         c_tail, c_short = alg.spec.c % block_k != 0, alg.spec.c < block_k
+        shared_row_address = (terms["pixels_contiguous"] and math.prod(alg.out_size) % tiles.block_m == 0
+                              and not c_tail)
+        pairs = terms["pairs_in_rows"] and not c_tail and not shared_row_address
+        width = 2 if pairs else 1
+        columns = min(tiles.block_m // (2 if pairs or shared_row_address else 1), threads)
+        count = tiles.block_m // columns
+        offsets = [u % width + u // width * width * columns for u in range(count)]
+        if shared_row_address:
+            groups = [{"anchor": 0, "members": [(u, offsets[u]) for u in range(count)]}]
+        elif pairs:
+            groups = [{"anchor": u, "members": [(u, 0), (u + 1, terms["pair_step"])]} for u in range(0, count, 2)]
+        else:
+            groups = []
+        slices = index.gather_slices(alg, block_k)
+        table = len(slices) <= SLICE_TABLE_LIMIT
+        wide_taps = {wide for _, wide in slices} if pairs and terms["pairs_aligned"] else {False}
+        wide = "always" if wide_taps == {True} else "slice" if len(wide_taps) == 2 and table else "never"
         return {
             **terms,
-            "gather_threads": threads, "gather_columns": columns, "gather_pixels": tiles.block_m // columns,
+            "gather_threads": threads, "gather_columns": columns, "gather_pixels": count,
             "gather_row_step": threads // columns, "gather_rows": block_k * columns // threads,
+            "gather_first": "2 * column" if pairs else "column", "gather_offsets": offsets,
+            "gather_offset": f"u % 2 + u / 2 * {2 * columns}" if pairs else f"u * {columns}",
+            "gather_pairs": pairs, "gather_groups": groups, "gather_wide": wide,
+            "slice_table": ([2 * offset + flag for offset, flag in slices] if wide == "slice"
+                            else [offset for offset, _ in slices]) if table else None,
+            "slice_type": "int" if all(abs(2 * offset) < 2**31 - 1 for offset, _ in slices) else "long long",
             "m_tail": gemm_m % tiles.block_m != 0, "c_tail": c_tail, "c_short": c_short,
-            "shared_row_address": (terms["pixels_contiguous"] and math.prod(alg.out_size) % tiles.block_m == 0
-                                   and tiles.block_m > columns and not c_tail),
+            "shared_row_address": shared_row_address,
         }
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:

@@ -86,6 +86,14 @@ static __device__ __forceinline__ void convgen_copy4(unsigned dst, const float* 
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+// Slice k (tap k / 2, channels from 32 * (k % 2)): the offset in x of that tap and first channel from a pixel's base.
+__constant__ int convgen_implicit_gemm_tma_bae4d6e016_slices[54] = {
+    0, 1605632, 1, 1605633, 2, 1605634, 56, 1605688, 57, 1605689, 58, 1605690,
+    112, 1605744, 113, 1605745, 114, 1605746, 3136, 1608768, 3137, 1608769, 3138, 1608770,
+    3192, 1608824, 3193, 1608825, 3194, 1608826, 3248, 1608880, 3249, 1608881, 3250, 1608882,
+    6272, 1611904, 6273, 1611905, 6274, 1611906, 6328, 1611960, 6329, 1611961, 6330, 1611962,
+    6384, 1612016, 6385, 1612017, 6386, 1612018
+};
 
 // The filter K x 27 x C rewritten as 27 x C x K (rows of 128), so that B tiles are k-slices of
 // contiguous output channels: each B fragment is four adjacent channels at one k-step.
@@ -135,7 +143,7 @@ convgen_implicit_gemm_tma_bae4d6e016(const __grid_constant__ convgen_tensor_map 
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        // Producer thread (row0, column) copies pixels column + 128u and channels row0 + 1v of each slice.
+        // Producer thread (row0, column) copies pixels column + u * 128 (u < 2) and channels row0 + 1v of each slice.
         const int producer = threadIdx.x - 256;
         const int column = producer % 128;
         const int row0 = producer / 128;
@@ -164,30 +172,28 @@ convgen_implicit_gemm_tma_bae4d6e016(const __grid_constant__ convgen_tensor_map 
             for (int k = 0; k < 54; ++k) {
                 const int kk = k / 2;
                 const int c0 = (k % 2) * 32;
+                const int slice = convgen_implicit_gemm_tma_bae4d6e016_slices[k];
                 const int k0 = ((kk) / 9);
                 const int k1 = ((((kk) / 3)) % 3);
                 const int k2 = ((kk) % 3);
-                const idx_t delta = 3136*k0 + 56*k1 + k2 + (idx_t)(c0 + row0) * 50176;
+                const idx_t delta = (idx_t)(slice) + (idx_t)row0 * 50176;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
                 const unsigned a_stage = a_tiles + 4u * (stage * 8192 + row0 * 256 + column);
-                // Pixels u lie u * 128 elements apart in x as in the tile (unit strides, rows as long as the output's, one
-                // image), so pixel 0's address (base[0]) serves them all, one a channel, the copies differing by an immediate
-                // offset. A pixel in the padding copies nothing: its address, which may lie outside x, is never read.
+                // This thread's pixels lie as far apart in x as in the tile (unit strides, rows as long as the output's, one
+                // image), so pixel 0's address serves them all, one a channel, the copies differing by an immediate offset.
+                // A pixel in the padding copies nothing: its address, which may lie outside x, is never read.
                 bool valid[2];
 #pragma unroll
                 for (int u = 0; u < 2; ++u) valid[u] = (unsigned)(origin0[u] + k0) < 16u && (unsigned)(origin1[u] + k1) < 56u && (unsigned)(origin2[u] + k2) < 56u;
-                const float* const first = x + base[0] + delta;
+                const float* const from0 = x + base[0] + delta;
 #pragma unroll
                 for (int v = 0; v < 32; ++v) {
-                    const float* const channel = first + v * 50176;
-#pragma unroll
-                    for (int u = 0; u < 2; ++u)
-                        convgen_copy4(a_stage + 4u * (v * 256 + u * 128),
-                                      channel + u * 128, valid[u]);
+                    convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 50176, valid[0]);
+                    convgen_copy4(a_stage + 4u * (v * 256 + 128), from0 + v * 50176 + 128, valid[1]);
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 4) {

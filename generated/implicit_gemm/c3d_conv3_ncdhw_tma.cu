@@ -87,6 +87,18 @@ static __device__ __forceinline__ void convgen_copy4(unsigned dst, const float* 
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+// Slice k (tap k / 4, channels from 32 * (k % 4)): the offset in x of that tap and first channel from a pixel's base.
+__constant__ int convgen_implicit_gemm_tma_0646e55bbc_slices[108] = {
+    0, 200704, 401408, 602112, 1, 200705, 401409, 602113, 2, 200706, 401410, 602114,
+    28, 200732, 401436, 602140, 29, 200733, 401437, 602141, 30, 200734, 401438, 602142,
+    56, 200760, 401464, 602168, 57, 200761, 401465, 602169, 58, 200762, 401466, 602170,
+    784, 201488, 402192, 602896, 785, 201489, 402193, 602897, 786, 201490, 402194, 602898,
+    812, 201516, 402220, 602924, 813, 201517, 402221, 602925, 814, 201518, 402222, 602926,
+    840, 201544, 402248, 602952, 841, 201545, 402249, 602953, 842, 201546, 402250, 602954,
+    1568, 202272, 402976, 603680, 1569, 202273, 402977, 603681, 1570, 202274, 402978, 603682,
+    1596, 202300, 403004, 603708, 1597, 202301, 403005, 603709, 1598, 202302, 403006, 603710,
+    1624, 202328, 403032, 603736, 1625, 202329, 403033, 603737, 1626, 202330, 403034, 603738
+};
 
 // The filter K x 27 x C rewritten as 27 x C x K (rows of 256), so that B tiles are k-slices of
 // contiguous output channels: each B fragment is four adjacent channels at one k-step.
@@ -164,22 +176,22 @@ convgen_implicit_gemm_tma_0646e55bbc(const __grid_constant__ convgen_tensor_map 
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        // Producer thread (row0, column) copies pixels column + 128u and channels row0 + 1v of each slice.
+        // Producer thread (row0, column) copies pixels column + u * 64 (u < 2) and channels row0 + 2v of each slice.
         const int producer = threadIdx.x - 256;
-        const int column = producer % 128;
-        const int row0 = producer / 128;
+        const int column = producer % 64;
+        const int row0 = producer / 64;
         int stage = 0;
         unsigned phase = 0;
         for (int tile = blockIdx.x; tile < 528; tile += gridDim.x) {
             const int n_tile = (tile % 2) * 128;
-            // This thread's 1 pixel(s) of the tile: image offset at tap 0, channel 0, and input origin on each padded axis.
-            idx_t base[1];
-            int origin0[1];
-            int origin1[1];
-            int origin2[1];
+            // This thread's 2 pixel(s) of the tile: image offset at tap 0, channel 0, and input origin on each padded axis.
+            idx_t base[2];
+            int origin0[2];
+            int origin1[2];
+            int origin2[2];
 #pragma unroll
-            for (int u = 0; u < 1; ++u) {
-                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 128;
+            for (int u = 0; u < 2; ++u) {
+                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 64;
                 const idx_t col = m_index;
                 const idx_t n = ((col) / 6272);
                 const idx_t o0 = ((((col) / 784)) % 8);
@@ -193,26 +205,28 @@ convgen_implicit_gemm_tma_0646e55bbc(const __grid_constant__ convgen_tensor_map 
             for (int k = 0; k < 108; ++k) {
                 const int kk = k / 4;
                 const int c0 = (k % 4) * 32;
+                const int slice = convgen_implicit_gemm_tma_0646e55bbc_slices[k];
                 const int k0 = ((kk) / 9);
                 const int k1 = ((((kk) / 3)) % 3);
                 const int k2 = ((kk) % 3);
-                const idx_t delta = 784*k0 + 28*k1 + k2 + (idx_t)(c0 + row0) * 6272;
+                const idx_t delta = (idx_t)(slice) + (idx_t)row0 * 6272;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
                 const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
+                // This thread's pixels lie as far apart in x as in the tile (unit strides, rows as long as the output's, one
+                // image), so pixel 0's address serves them all, one a channel, the copies differing by an immediate offset.
+                // A pixel in the padding copies nothing: its address, which may lie outside x, is never read.
+                bool valid[2];
 #pragma unroll
-                for (int u = 0; u < 1; ++u) {
-                    const bool valid = (unsigned)(origin0[u] + k0) < 8u && (unsigned)(origin1[u] + k1) < 28u && (unsigned)(origin2[u] + k2) < 28u;
-                    const float* const source = x + (valid ? base[u] + delta : 0);
+                for (int u = 0; u < 2; ++u) valid[u] = (unsigned)(origin0[u] + k0) < 8u && (unsigned)(origin1[u] + k1) < 28u && (unsigned)(origin2[u] + k2) < 28u;
+                const float* const from0 = x + base[0] + delta;
 #pragma unroll
-                    for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
-                                      source + v * 6272, valid);
-                    }
+                for (int v = 0; v < 16; ++v) {
+                    convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 12544, valid[0]);
+                    convgen_copy4(a_stage + 4u * (v * 256 + 64), from0 + v * 12544 + 64, valid[1]);
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 6) {
@@ -228,14 +242,14 @@ convgen_implicit_gemm_tma_0646e55bbc(const __grid_constant__ convgen_tensor_map 
             const int k_last = min(108, k_first + span_end - step);
             step += k_last - k_first;
             const int n_tile = (tile % 2) * 128;
-            // This thread's 1 pixel(s) of the tile: image offset at tap 0, channel 0, and input origin on each padded axis.
-            idx_t base[1];
-            int origin0[1];
-            int origin1[1];
-            int origin2[1];
+            // This thread's 2 pixel(s) of the tile: image offset at tap 0, channel 0, and input origin on each padded axis.
+            idx_t base[2];
+            int origin0[2];
+            int origin1[2];
+            int origin2[2];
 #pragma unroll
-            for (int u = 0; u < 1; ++u) {
-                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 128;
+            for (int u = 0; u < 2; ++u) {
+                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 64;
                 const idx_t col = m_index;
                 const idx_t n = ((col) / 6272);
                 const idx_t o0 = ((((col) / 784)) % 8);
@@ -249,26 +263,28 @@ convgen_implicit_gemm_tma_0646e55bbc(const __grid_constant__ convgen_tensor_map 
             for (int k = k_first; k < k_last; ++k) {
                 const int kk = k / 4;
                 const int c0 = (k % 4) * 32;
+                const int slice = convgen_implicit_gemm_tma_0646e55bbc_slices[k];
                 const int k0 = ((kk) / 9);
                 const int k1 = ((((kk) / 3)) % 3);
                 const int k2 = ((kk) % 3);
-                const idx_t delta = 784*k0 + 28*k1 + k2 + (idx_t)(c0 + row0) * 6272;
+                const idx_t delta = (idx_t)(slice) + (idx_t)row0 * 6272;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
                 const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
+                // This thread's pixels lie as far apart in x as in the tile (unit strides, rows as long as the output's, one
+                // image), so pixel 0's address serves them all, one a channel, the copies differing by an immediate offset.
+                // A pixel in the padding copies nothing: its address, which may lie outside x, is never read.
+                bool valid[2];
 #pragma unroll
-                for (int u = 0; u < 1; ++u) {
-                    const bool valid = (unsigned)(origin0[u] + k0) < 8u && (unsigned)(origin1[u] + k1) < 28u && (unsigned)(origin2[u] + k2) < 28u;
-                    const float* const source = x + (valid ? base[u] + delta : 0);
+                for (int u = 0; u < 2; ++u) valid[u] = (unsigned)(origin0[u] + k0) < 8u && (unsigned)(origin1[u] + k1) < 28u && (unsigned)(origin2[u] + k2) < 28u;
+                const float* const from0 = x + base[0] + delta;
 #pragma unroll
-                    for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
-                                      source + v * 6272, valid);
-                    }
+                for (int v = 0; v < 16; ++v) {
+                    convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 12544, valid[0]);
+                    convgen_copy4(a_stage + 4u * (v * 256 + 64), from0 + v * 12544 + 64, valid[1]);
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 6) {

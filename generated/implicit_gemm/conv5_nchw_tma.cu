@@ -15,7 +15,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv5_nchw_tma(const float* x, const float* w, float* y, float* wt, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
-// (y, wt 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue)
+// (x 8-byte, y, wt 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue)
 // (workspace buffers are scratch the caller allocates and may reuse between calls) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 
@@ -87,6 +87,22 @@ static __device__ __forceinline__ void convgen_copy4(unsigned dst, const float* 
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+// 8 bytes (both addresses 8-byte aligned): two adjacent elements.
+static __device__ __forceinline__ void convgen_copy8(unsigned dst, const float* src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+// Slice k (tap k / 3, channels from 32 * (k % 3)): twice the offset in x of that tap and first channel from a pixel's
+// base, plus 1 where the tap's W offset is even (a pixel pair is then one aligned 8-byte copy).
+__constant__ int convgen_implicit_gemm_tma_daf2ec74fc_slices[75] = {
+    1, 36865, 73729, 2, 36866, 73730, 5, 36869, 73733, 6, 36870, 73734,
+    9, 36873, 73737, 49, 36913, 73777, 50, 36914, 73778, 53, 36917, 73781,
+    54, 36918, 73782, 57, 36921, 73785, 97, 36961, 73825, 98, 36962, 73826,
+    101, 36965, 73829, 102, 36966, 73830, 105, 36969, 73833, 145, 37009, 73873,
+    146, 37010, 73874, 149, 37013, 73877, 150, 37014, 73878, 153, 37017, 73881,
+    193, 37057, 73921, 194, 37058, 73922, 197, 37061, 73925, 198, 37062, 73926,
+    201, 37065, 73929
+};
 
 // The filter K x 25 x C rewritten as 25 x C x K (rows of 256), so that B tiles are k-slices of
 // contiguous output channels: each B fragment is four adjacent channels at one k-step.
@@ -163,19 +179,19 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        // Producer thread (row0, column) copies pixels column + 128u and channels row0 + 1v of each slice.
+        // Producer thread (row0, column) copies pixels 2 * column + u % 2 + u / 2 * 128 (u < 2) and channels row0 + 2v of each slice.
         const int producer = threadIdx.x - 256;
-        const int column = producer % 128;
-        const int row0 = producer / 128;
+        const int column = producer % 64;
+        const int row0 = producer / 64;
         int stage = 0;
         unsigned phase = 0;
         for (int tile = blockIdx.x; tile < 660; tile += gridDim.x) {
             const int n_tile = (tile % 2) * 128;
-            // This thread's 1 pixel(s) of the tile: image offset at tap 0, channel 0.
-            idx_t base[1];
+            // This thread's 2 pixel(s) of the tile: image offset at tap 0, channel 0.
+            idx_t base[2];
 #pragma unroll
-            for (int u = 0; u < 1; ++u) {
-                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 128;
+            for (int u = 0; u < 2; ++u) {
+                const idx_t m_index = (idx_t)(tile / 2) * 128 + 2 * column + u % 2 + u / 2 * 128;
                 const idx_t col = m_index;
                 const idx_t n = ((col) / 400);
                 const idx_t o0 = ((((col) / 20)) % 20);
@@ -185,24 +201,27 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             for (int k = 0; k < 75; ++k) {
                 const int kk = k / 3;
                 const int c0 = (k % 3) * 32;
-                const int k0 = ((kk) / 5);
-                const int k1 = ((kk) % 5);
-                const idx_t delta = 24*k0 + k1 + (idx_t)(c0 + row0) * 576;
+                const int slice = convgen_implicit_gemm_tma_daf2ec74fc_slices[k];
+                const idx_t delta = (idx_t)(slice >> 1) + (idx_t)row0 * 576;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
-                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
+                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + 2 * column);
+                // A pair of pixels (one output row) reads elements 1 apart in x: one address a channel serves both.
+                const float* const from0 = x + base[0] + delta;
+                if (slice & 1) {
+                    // The tap's W offset is even: each pair's elements are one 8-byte-aligned pair, in the image or out of it together.
 #pragma unroll
-                for (int u = 0; u < 1; ++u) {
-                    const bool valid = true;
-                    const float* const source = x + base[u] + delta;
+                    for (int v = 0; v < 16; ++v) {
+                        convgen_copy8(a_stage + 4u * (v * 256), from0 + v * 1152, true);
+                    }
+                } else {
 #pragma unroll
-                    for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
-                                      source + v * 576, valid);
+                    for (int v = 0; v < 16; ++v) {
+                        convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 1152, true);
+                        convgen_copy4(a_stage + 4u * (v * 256 + 1), from0 + v * 1152 + 1, true);
                     }
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
@@ -219,11 +238,11 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             const int k_last = min(75, k_first + span_end - step);
             step += k_last - k_first;
             const int n_tile = (tile % 2) * 128;
-            // This thread's 1 pixel(s) of the tile: image offset at tap 0, channel 0.
-            idx_t base[1];
+            // This thread's 2 pixel(s) of the tile: image offset at tap 0, channel 0.
+            idx_t base[2];
 #pragma unroll
-            for (int u = 0; u < 1; ++u) {
-                const idx_t m_index = (idx_t)(tile / 2) * 128 + column + u * 128;
+            for (int u = 0; u < 2; ++u) {
+                const idx_t m_index = (idx_t)(tile / 2) * 128 + 2 * column + u % 2 + u / 2 * 128;
                 const idx_t col = m_index;
                 const idx_t n = ((col) / 400);
                 const idx_t o0 = ((((col) / 20)) % 20);
@@ -233,24 +252,27 @@ convgen_implicit_gemm_tma_daf2ec74fc(const __grid_constant__ convgen_tensor_map 
             for (int k = k_first; k < k_last; ++k) {
                 const int kk = k / 3;
                 const int c0 = (k % 3) * 32;
-                const int k0 = ((kk) / 5);
-                const int k1 = ((kk) % 5);
-                const idx_t delta = 24*k0 + k1 + (idx_t)(c0 + row0) * 576;
+                const int slice = convgen_implicit_gemm_tma_daf2ec74fc_slices[k];
+                const idx_t delta = (idx_t)(slice >> 1) + (idx_t)row0 * 576;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
-                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + column);
+                const unsigned a_stage = a_tiles + 4u * (stage * 4096 + row0 * 128 + 2 * column);
+                // A pair of pixels (one output row) reads elements 1 apart in x: one address a channel serves both.
+                const float* const from0 = x + base[0] + delta;
+                if (slice & 1) {
+                    // The tap's W offset is even: each pair's elements are one 8-byte-aligned pair, in the image or out of it together.
 #pragma unroll
-                for (int u = 0; u < 1; ++u) {
-                    const bool valid = true;
-                    const float* const source = x + base[u] + delta;
+                    for (int v = 0; v < 16; ++v) {
+                        convgen_copy8(a_stage + 4u * (v * 256), from0 + v * 1152, true);
+                    }
+                } else {
 #pragma unroll
-                    for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + 4u * (v * 128 + u * 128),
-                                      source + v * 576, valid);
+                    for (int v = 0; v < 16; ++v) {
+                        convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 1152, true);
+                        convgen_copy4(a_stage + 4u * (v * 256 + 1), from0 + v * 1152 + 1, true);
                     }
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
@@ -473,6 +495,7 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
 
 extern "C" cudaError_t convgen_implicit_gemm_conv5_nchw_tma(const float* x, const float* w, float* y, float* wt, cudaStream_t stream)
 {
+    if (reinterpret_cast<unsigned long long>(x) % 8) return cudaErrorInvalidValue;  // vector accesses: x must be 8-byte aligned
     if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(wt) % 16) return cudaErrorInvalidValue;  // vector accesses: wt must be 16-byte aligned
     convgen_tensor_map wt_map;

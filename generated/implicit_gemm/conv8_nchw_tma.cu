@@ -14,7 +14,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv8_nchw_tma(const float* x, const float* w, float* y, float* wt, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
-// (y, wt 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue)
+// (x 8-byte, y, wt 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue)
 // (workspace buffers are scratch the caller allocates and may reuse between calls) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 
@@ -86,6 +86,17 @@ static __device__ __forceinline__ void convgen_copy4(unsigned dst, const float* 
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+// 8 bytes (both addresses 8-byte aligned): two adjacent elements.
+static __device__ __forceinline__ void convgen_copy8(unsigned dst, const float* src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+// Slice k (tap k / 2, channels from 32 * (k % 2)): twice the offset in x of that tap and first channel from a pixel's
+// base, plus 1 where the tap's W offset is even (a pixel pair is then one aligned 8-byte copy).
+__constant__ int convgen_implicit_gemm_tma_5acf8e0335_slices[18] = {
+    1, 802817, 2, 802818, 5, 802821, 225, 803041, 226, 803042, 229, 803045,
+    449, 803265, 450, 803266, 453, 803269
+};
 
 // The filter K x 9 x C rewritten as 9 x C x K (rows of 128), so that B tiles are k-slices of
 // contiguous output channels: each B fragment is four adjacent channels at one k-step.
@@ -135,7 +146,7 @@ convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map 
         // Producer: slice after slice, wait until the consumers have released the stage, then fill it.
         // The producer warpgroup gives its registers back to the pool for the consumers' micro-tiles.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        // Producer thread (row0, column) copies pixels column + 128u and channels row0 + 1v of each slice.
+        // Producer thread (row0, column) copies pixels 2 * column + u % 2 + u / 2 * 256 (u < 2) and channels row0 + 1v of each slice.
         const int producer = threadIdx.x - 256;
         const int column = producer % 128;
         const int row0 = producer / 128;
@@ -147,7 +158,7 @@ convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map 
             idx_t base[2];
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
-                const idx_t m_index = (idx_t)(tile / 1) * 256 + column + u * 128;
+                const idx_t m_index = (idx_t)(tile / 1) * 256 + 2 * column + u % 2 + u / 2 * 256;
                 const idx_t col = m_index;
                 const idx_t n = ((col) / 12100);
                 const idx_t o0 = ((((col) / 110)) % 110);
@@ -157,24 +168,27 @@ convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map 
             for (int k = 0; k < 18; ++k) {
                 const int kk = k / 2;
                 const int c0 = (k % 2) * 32;
-                const int k0 = ((kk) / 3);
-                const int k1 = ((kk) % 3);
-                const idx_t delta = 112*k0 + k1 + (idx_t)(c0 + row0) * 12544;
+                const int slice = convgen_implicit_gemm_tma_5acf8e0335_slices[k];
+                const idx_t delta = (idx_t)(slice >> 1) + (idx_t)row0 * 12544;
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
                 if (producer == 0) {
                     convgen_barrier_expect(full + 8u * stage, 16384);
                     convgen_tensor_copy(b_tiles + stage * 16384u, &wt_map, full + 8u * stage, n_tile, c0, kk);
                 }
-                const unsigned a_stage = a_tiles + 4u * (stage * 8192 + row0 * 256 + column);
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const bool valid = true;
-                    const float* const source = x + base[u] + delta;
+                const unsigned a_stage = a_tiles + 4u * (stage * 8192 + row0 * 256 + 2 * column);
+                // A pair of pixels (one output row) reads elements 1 apart in x: one address a channel serves both.
+                const float* const from0 = x + base[0] + delta;
+                if (slice & 1) {
+                    // The tap's W offset is even: each pair's elements are one 8-byte-aligned pair, in the image or out of it together.
 #pragma unroll
                     for (int v = 0; v < 32; ++v) {
-                        // Invalid pixels copy nothing from x's first channels (C >= 32, so they lie inside it).
-                        convgen_copy4(a_stage + 4u * (v * 256 + u * 128),
-                                      source + v * 12544, valid);
+                        convgen_copy8(a_stage + 4u * (v * 256), from0 + v * 12544, true);
+                    }
+                } else {
+#pragma unroll
+                    for (int v = 0; v < 32; ++v) {
+                        convgen_copy4(a_stage + 4u * (v * 256), from0 + v * 12544, true);
+                        convgen_copy4(a_stage + 4u * (v * 256 + 1), from0 + v * 12544 + 1, true);
                     }
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
@@ -314,6 +328,7 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
 
 extern "C" cudaError_t convgen_implicit_gemm_conv8_nchw_tma(const float* x, const float* w, float* y, float* wt, cudaStream_t stream)
 {
+    if (reinterpret_cast<unsigned long long>(x) % 8) return cudaErrorInvalidValue;  // vector accesses: x must be 8-byte aligned
     if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(wt) % 16) return cudaErrorInvalidValue;  // vector accesses: wt must be 16-byte aligned
     convgen_tensor_map wt_map;
