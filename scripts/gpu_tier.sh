@@ -17,7 +17,8 @@
 #   each GPU test's limit in seconds (default 420).  NVRTC compiles every example, so 300 examples
 #   of the whole tier do not fit one 600-s device call: on the H100 with JOBS=16 all but the 3D
 #   register-switch test finished in 570 s (the slowest 413 s); that one needs 440 s on its own
-#   (TESTS_K='register_switches and 3').
+#   (TESTS_K='register_switches and 3').  Even at 120 examples the 2D one can outrun 420 s among 16
+#   jobs (it took 320 s alone: TEST_TIMEOUT=560 TESTS_K='register_switches and 2').
 set -u
 mode=${1:-full}
 case $mode in quick|tests|bench|full) ;; *) echo "gpu_tier.sh: mode '$mode' is not one of quick, tests, bench, full" >&2; exit 2 ;; esac
