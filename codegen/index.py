@@ -738,14 +738,11 @@ def gather_slices(algebra: IndexAlgebra, block_k: int) -> list[tuple[int, bool]]
     spec = algebra.spec
     terms = gather_terms(algebra)
     chunks = -(-spec.c // block_k)
-    slices = []
-    for k in range(algebra.taps * chunks):
-        kk, c0 = divmod(k, chunks)
-        taps = dict(zip(algebra.k, (int(e.subs(algebra.kk, kk)) for e in algebra.tap_coords)))
-        offset = int(terms["exprs"]["tap_delta"].subs(taps)) + c0 * block_k * terms["channel_stride"]
-        w_offset = int(algebra.in_coord[-1].subs({algebra.o[-1]: 0, **taps}))
-        slices.append((offset, w_offset % 2 == 0))
-    return slices
+    kk, chunk = np.divmod(np.arange(algebra.taps * chunks, dtype=np.int64), chunks)
+    taps = {str(k): evaluate(e, {"kk": kk}) for k, e in zip(algebra.k, algebra.tap_coords)}
+    offsets = evaluate(terms["exprs"]["tap_delta"], {"kk": kk, **taps}) + chunk * block_k * terms["channel_stride"]
+    w_offsets = evaluate(algebra.in_coord[-1].subs(algebra.o[-1], 0), {"kk": kk, **taps})
+    return [(int(offset), bool(w % 2 == 0)) for offset, w in zip(offsets, w_offsets)]
 
 
 def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> dict:

@@ -37,8 +37,8 @@ from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import SM_COUNT_HINT
 
 SLICE_TABLE_LIMIT = 2048
-"""Most k-slices whose offsets the gathered TMA kernel takes from a constant table (16 KB of the
-64 KB of constant memory at 8 bytes an entry); longer filters decode each slice's tap instead."""
+"""Most k-slices whose offsets the gathered TMA kernel takes from a constant table (at most 16 KB
+of the 64 KB of constant memory, at 8 bytes an entry); longer filters decode each slice's tap."""
 
 SHARED_PER_SM = 228 * 1024
 """Shared memory of one sm_90 SM, of which each resident block also takes ``BLOCK_RESERVED``."""
