@@ -470,6 +470,7 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
                 at = width * column + offsets[u]
                 anchor[at], member_offset[at] = width * column + offsets[group["anchor"]], offset
     table = context["slice_table"]
+    flagged = context["gather_wide"] == "slice"      # the table's entries: 2 * offset + wide
 
     def a_tile(col: int):
         cols = col + np.arange(bm, dtype=np.int64)
@@ -485,7 +486,6 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
             for check in terms["a_checked"]:
                 at = origins[check["axis"]] + taps[f"k{check['axis']}"] * spec.dilation[check["axis"]]
                 valid &= (at >= 0) & (at < check["size"])
-            flagged = context["gather_wide"] == "slice"      # the table's entries: 2 * offset + wide
             if table is None:
                 slice_offset = _eval(exprs["tap_delta"], **taps) + c0 * terms["channel_stride"]
             else:
