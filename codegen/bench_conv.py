@@ -8,7 +8,9 @@ events (warm-up, median of repeats) in rounds that take each in turn (the median
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
 peak of PyTorch's allocator during the call minus the output.  The ablation reruns im2win with
-one optimisation removed at a time.
+one optimisation removed at a time.  While each layer is timed, ``codegen.clocks`` samples the
+SM clock and the power cap: on the compute-bound layers the card runs at its power limit, and a
+figure is only comparable with the clock it ran at.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
+from codegen.clocks import ClockSampler, sampler_for_current_device
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -57,11 +60,11 @@ is measured weighs on all of them alike instead of on whichever ran during it.""
 
 
 def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
-                tuned: bool = False) -> list[dict]:
+                tuned: bool = False, sampler: ClockSampler | None = None) -> list[dict]:
     """Every family (and the im2win ablation) and cuDNN on one layer, with the heuristic's tiles;
     ``tuned`` adds the tuning database's configuration of the GEMM families next to them.  Each
     kernel is checked against cuDNN's output first, then all are timed in ``ROUNDS`` interleaved
-    rounds."""
+    rounds; with a running ``sampler`` every row also gets the SM clock during those rounds."""
     import cupy
     import torch
 
@@ -113,11 +116,13 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
             groups.append([prepare("im2win", f"without {removed}", im2win.ablation(base, removed).to_dict(), removed)])
 
     cudnn_rounds, kernel_rounds = [], [[] for _ in timed]
+    started = time.monotonic()
     for _ in range(ROUNDS):
         cudnn_rounds.append(median_seconds(case.run_cudnn, repeats))
         for samples, (_, launch, count) in zip(kernel_rounds, timed):
             samples.append(median_seconds(launch, count, warmup=1))
     cudnn_seconds = statistics.median(cudnn_rounds)
+    clock = sampler.window(started, time.monotonic()) if sampler and sampler.active else None
     for samples, (row, _, _) in zip(kernel_rounds, timed):
         seconds = statistics.median(samples)
         row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, speedup_vs_cudnn=cudnn_seconds / seconds)
@@ -125,7 +130,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     for group in groups:
         measured = [r for r in group if "ms" in r]
         rows.append(min(measured, key=lambda r: r["ms"]) if measured else group[0])
-        rows[-1].update(cudnn_ms=cudnn_seconds * 1e3, cudnn_tflops=flops / cudnn_seconds / 1e12)
+        rows[-1].update(cudnn_ms=cudnn_seconds * 1e3, cudnn_tflops=flops / cudnn_seconds / 1e12, clock=clock)
     del x, w, y, case
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()
@@ -138,16 +143,19 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     results: list[dict] = []
     start = time.perf_counter()
     chosen = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], layers)
-    for index, layer in enumerate(chosen, 1):
-        dims = 3 if "D" in layer else 2
-        for layout in [l for l in layouts if len(l) - 2 == dims]:
-            spec = layer_spec(layer, layout, layer.get("N", 128))
-            rows = bench_layer(spec, layer["name"], repeats, families, ablation, tuned)
-            results.extend(rows)
-            best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
-            print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
-                  f"{best['family'] if best else '-'} {best['ms'] if best else float('nan'):.3f} ms "
-                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    with sampler_for_current_device() as sampler:
+        for index, layer in enumerate(chosen, 1):
+            dims = 3 if "D" in layer else 2
+            for layout in [l for l in layouts if len(l) - 2 == dims]:
+                spec = layer_spec(layer, layout, layer.get("N", 128))
+                rows = bench_layer(spec, layer["name"], repeats, families, ablation, tuned, sampler)
+                results.extend(rows)
+                best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
+                clock = rows[0]["clock"]
+                clock_note = f"; SM clock median {clock['sm_mhz_median']:.0f} MHz" if clock else ""
+                print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
+                      f"{best['family'] if best else '-'} {best['ms'] if best else float('nan'):.3f} ms{clock_note} "
+                      f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     plot(results, out_dir / f"{name}.png")
@@ -169,10 +177,12 @@ def format_table(results: list[dict]) -> str:
     families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
     families = [(f, v) for f in families for v in SERIES if any(
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
-    head = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
+    clocked = any(r.get("clock") for r in results)
+    columns = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
         f" {f if v == 'heuristic' else f'({v})':>13}" for f, v in families)
+    head = columns + (f" {'MHz':>5} {'cap':>4}" if clocked else "")
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
-    memory = ["extra device memory, MiB", head, "-" * len(head)]
+    memory = ["extra device memory, MiB", columns, "-" * len(columns)]
     keyed = {}
     for r in results:
         if not r["ablation"]:
@@ -189,9 +199,15 @@ def format_table(results: list[dict]) -> str:
                 continue
             cells.append(f" {r['tflops']:6.1f} ({r['speedup_vs_cudnn']:4.2f})")
             mem.append(f" {r['extra_bytes'] / 2**20:13.1f}")
-        lines.append(f"{layer:11} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells))
+        clock = first.get("clock")
+        clock_cells = (f" {clock['sm_mhz_median']:5.0f} {100 * clock['power_capped_share']:3.0f}%" if clock
+                       else f" {'-':>5} {'-':>4}") if clocked else ""
+        lines.append(f"{layer:11} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells) + clock_cells)
         memory.append(f"{layer:11} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
     ablation = [r for r in results if r["ablation"] and "ms" in r]
+    if clocked:
+        lines.append("MHz: median SM clock while the layer was timed; cap: share of those samples with the power "
+                     "cap holding the clock down")
     text = "\n".join(lines + [""] + memory)
     if ablation:
         base = {(r["layer"], r["layout"]): r for r in results

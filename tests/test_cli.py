@@ -349,6 +349,23 @@ def test_bench_conv_table_names_every_column_in_full():
     assert lines[4].split()[3:] == ["49.0", "(1.23)", "-", "-", "-"]
 
 
+def test_bench_conv_table_shows_the_clock_each_layer_ran_at():
+    """With clock samples the TFLOP/s table gains the layer's median SM clock and power-cap share,
+    explained under the table; the memory table keeps its columns."""
+    from codegen.bench_conv import format_table
+
+    clock = {"sm_mhz_median": 1935.0, "power_capped_share": 0.6}
+    row = {"family": "implicit_gemm", "variant": "heuristic", "layer": "conv4", "layout": "NCHW", "ablation": None,
+           "ms": 1.0, "tflops": 48.7, "speedup_vs_cudnn": 2.14, "extra_bytes": 0, "cudnn_tflops": 22.8,
+           "cudnn_extra_bytes": 0, "clock": clock}
+    lines = format_table([row, {**row, "layer": "conv8", "clock": None}]).splitlines()
+    assert lines[1].split()[-2:] == ["MHz", "cap"]
+    assert lines[3].split()[-2:] == ["1935", "60%"]
+    assert lines[4].split()[-2:] == ["-", "-"]
+    assert lines[5].startswith("MHz: median SM clock")
+    assert "MHz" not in lines[8]
+
+
 def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch, capsys):
     """The report names both timings and the choice; the re-timing itself is test_tune's."""
     from codegen import cli, tune
