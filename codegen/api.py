@@ -11,7 +11,7 @@ from typing import Any
 
 from codegen.compile import CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
 from codegen.families import get_family
-from codegen.families.base import BlasGemm, Buffer, KernelPlan
+from codegen.families.base import BlasGemm, Buffer, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
@@ -25,18 +25,49 @@ def has_gpu() -> bool:
     return device_arch() is not None
 
 
-def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> KernelPlan:
+def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,
+         workspace_limit: int | None = None) -> KernelPlan:
     """Validate ``tiles`` for ``family`` (None: the tuned configuration for this GPU if one was
     recorded by ``convgen tune``, else the heuristic for ``arch``, by default the device's or
-    sm_90) and return the family's plan."""
+    sm_90) and return the family's plan.
+
+    ``workspace_limit`` caps the plan's workspace (device memory beyond inputs and output, in
+    bytes), as cuDNN's algorithm choice takes a workspace limit: tiles chosen here are held under
+    it (a smaller batch chunk, the TMA kernel's transposed filter left out); tiles passed in are
+    refused with the largest choice that fits; a family that cannot get under it says what it
+    needs at least."""
     fam = get_family(family)
+    check_workspace_limit(workspace_limit)
+    chosen_here = tiles is None
     if tiles is None:
         tiles = _tuned_or_default(fam, spec, resolve_arch(arch))
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
         raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
-    return fam.plan(spec, tiles)
+    kernel_plan = fam.plan(spec, tiles)
+    if workspace_limit is None or kernel_plan.workspace_bytes <= workspace_limit:
+        return kernel_plan
+    lighter = fam.tiles_within(spec, workspace_limit)
+    if not chosen_here:
+        raise SpecError("workspace_limit", workspace_limit,
+                        f"{family} with tiles {tiles.describe()} needs {format_bytes(kernel_plan.workspace_bytes)} of "
+                        f"workspace ({', '.join(b.name for b in kernel_plan.workspaces)}), over the limit of "
+                        f"{format_bytes(workspace_limit)}; raise the limit or pass tiles "
+                        f"that need less, e.g. {_difference(tiles, lighter)} (the heuristic's choice under this limit)")
+    return fam.plan(spec, lighter)
+
+
+def check_workspace_limit(limit) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise SpecError("workspace_limit", limit, "must be a whole number of bytes >= 0, or None for no limit")
+
+
+def _difference(tiles: Tiles, other: Tiles) -> str:
+    """The fields of ``other`` that differ from ``tiles``, as NAME=VALUE."""
+    theirs = other.to_dict()
+    changed = [f"{k}={v}" for k, v in theirs.items() if tiles.to_dict().get(k) != v]
+    return " ".join(changed) or other.describe()
 
 
 def _tuned_or_default(fam, spec: ConvSpec, arch: str) -> Tiles:
@@ -175,13 +206,15 @@ def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
                         f"sm_{kernel_plan.min_arch} instructions; build it for sm_{kernel_plan.min_arch} or newer")
 
 
-def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None) -> Kernel:
+def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,
+          workspace_limit: int | None = None) -> Kernel:
     """Plan, render and compile (through the cache) the ``family`` kernel for ``spec``.
 
     ``tiles=None`` picks the family's heuristic; ``arch=None`` the current device's architecture
-    (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched)."""
+    (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched);
+    ``workspace_limit`` caps the workspace in bytes (see ``plan``)."""
     arch = resolve_arch(arch)
-    kernel_plan = plan(family, spec, tiles, arch)
+    kernel_plan = plan(family, spec, tiles, arch, workspace_limit)
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{family}.cu", kernel_plan.compile_arch(arch))

@@ -104,6 +104,24 @@ def tiles_from_args(args) -> dict | None:
     return tiles
 
 
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '4096', '64MiB', '1.5 GiB' (binary units only: 'MB' is refused as ambiguous)."""
+    number = text.strip().rstrip("BbIiKkMmGg ")
+    unit = text.strip()[len(number):].strip().lower()
+    if unit in ("k", "m", "g", "kb", "mb", "gb"):
+        raise SpecError("--workspace-limit", text, "say KiB, MiB or GiB (powers of 2) or give plain bytes")
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in SIZE_UNITS or not 0 <= value < float("inf"):
+        raise SpecError("--workspace-limit", text, "must be bytes, e.g. 4096, 64MiB or 1.5GiB")
+    return int(value * SIZE_UNITS[unit])
+
+
 def _parse_value(text: str):
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -114,11 +132,17 @@ def _parse_value(text: str):
         return text
 
 
+def workspace_limit_from_args(args) -> int | None:
+    return parse_size(args.workspace_limit) if args.workspace_limit is not None else None
+
+
 def cmd_generate(args) -> int:
     from codegen.api import plan
     from codegen.render import render_kernels
 
-    print(render_kernels(plan(args.family, spec_from_args(args), tiles_from_args(args))).code, end="")
+    kernel_plan = plan(args.family, spec_from_args(args), tiles_from_args(args),
+                       workspace_limit=workspace_limit_from_args(args))
+    print(render_kernels(kernel_plan).code, end="")
     return 0
 
 
@@ -126,12 +150,14 @@ def cmd_emit(args) -> int:
     from codegen.emit import build_flags, emit
 
     path = emit(args.family, spec_from_args(args), args.output, tiles_from_args(args), args.name,
-                args.arch or "sm_90")
+                args.arch or "sm_90", workspace_limit_from_args(args))
     print(f"wrote {path}  (build: nvcc {' '.join(build_flags(path.read_text()))} -DCONVGEN_SELFTEST {path} -o selftest)")
     return 0
 
 
 def _report_compile(kernel) -> None:
+    from codegen.families.base import format_bytes
+
     compiled = kernel.compiled
     print(f"family   {kernel.plan.family} / {kernel.plan.variant}")
     print(f"spec     {kernel.spec.describe()}")
@@ -141,6 +167,8 @@ def _report_compile(kernel) -> None:
     timing = f" ({compiled.compile_seconds * 1e3:.0f} ms)" if compiled.source_hit == "miss" else ""
     print(f"cache    {compiled.source_hit}{timing}")
     print(f"cubin    {len(compiled.cubin)} bytes")
+    workspaces = ", ".join(f"{b.name} {format_bytes(b.elements * 4)}" for b in kernel.plan.workspaces)
+    print(f"memory   workspace {format_bytes(kernel.plan.workspace_bytes)}{f' ({workspaces})' if workspaces else ''}")
     for name, res in compiled.resources.items():
         print(f"kernel   {name}: {res.registers} registers, {res.shared_bytes} B shared, "
               f"{res.stack_bytes} B stack, spills {res.spill_stores}/{res.spill_loads} B")
@@ -151,7 +179,8 @@ def _report_compile(kernel) -> None:
 def cmd_compile(args) -> int:
     from codegen.api import build
 
-    _report_compile(build(args.family, spec_from_args(args), tiles_from_args(args), args.arch))
+    _report_compile(build(args.family, spec_from_args(args), tiles_from_args(args), args.arch,
+                          workspace_limit_from_args(args)))
     return 0
 
 
@@ -169,7 +198,7 @@ def cmd_run(args) -> int:
     from codegen.fuzz import compare, run_on_gpu
 
     spec = spec_from_args(args)
-    kernel = build(args.family, spec, tiles_from_args(args))
+    kernel = build(args.family, spec, tiles_from_args(args), workspace_limit=workspace_limit_from_args(args))
     _report_compile(kernel)
     result, expected = run_on_gpu(args.family, spec, kernel=kernel)
     mismatch = compare(result, expected)
@@ -365,12 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    def family_command(name, helptext, func):
+    def family_command(name, helptext, func, builds=True):
         cmd = sub.add_parser(name, help=helptext, description=helptext, epilog=EPILOG,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         cmd.add_argument("family", help="kernel family: im2col, col2im, direct, implicit_gemm, im2win or "
                          "im2col_gemm (see 'convgen families')")
         add_spec_flags(cmd)
+        if builds:
+            cmd.add_argument("--workspace-limit", metavar="SIZE", help="most device memory the kernel may use beyond "
+                             "inputs and output, e.g. 64MiB (as cuDNN's workspace limit): the heuristic picks a "
+                             "smaller batch chunk (im2win, im2col_gemm) or the implicit GEMM without the TMA "
+                             "kernel's transposed filter; tiles given with --tile that need more are refused")
         cmd.set_defaults(func=func)
         return cmd
 
@@ -384,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--arch", help="target, e.g. sm_90 (default: the device's, else sm_90)")
     family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)
     fuzz_cmd = family_command("fuzz", "search random specs for one where the kernel is wrong; print the "
-                              "smallest as a command", cmd_fuzz)
+                              "smallest as a command", cmd_fuzz, builds=False)
     fuzz_cmd.description = textwrap.fill(
         "Search random small specs for one where the kernel is wrong and shrink it to the smallest (Hypothesis). "
         "With a GPU each spec's kernel runs on NaN-poisoned outputs against the float64 reference; without one "

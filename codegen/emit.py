@@ -30,9 +30,9 @@ def selftest_stride(outputs: int, terms: int) -> int:
 
 
 def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, launcher: str | None = None,
-                file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH) -> str:
+                file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH, workspace_limit: int | None = None) -> str:
     """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
-    kernel_plan = make_plan(family, spec, tiles, arch)
+    kernel_plan = make_plan(family, spec, tiles, arch, workspace_limit)
     check_arch(kernel_plan, arch)
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
@@ -87,8 +87,8 @@ def write_if_changed(path: Path, text: str) -> bool:
 
 
 def emit(family: str, spec: ConvSpec, path: str | os.PathLike, tiles: Tiles | dict | None = None,
-         launcher: str | None = None, arch: str = DEFAULT_ARCH) -> Path:
+         launcher: str | None = None, arch: str = DEFAULT_ARCH, workspace_limit: int | None = None) -> Path:
     """Write the standalone file for ``family`` and ``spec`` to ``path``."""
     path = Path(path)
-    write_if_changed(path, emit_source(family, spec, tiles, launcher, path.name, arch))
+    write_if_changed(path, emit_source(family, spec, tiles, launcher, path.name, arch, workspace_limit))
     return path

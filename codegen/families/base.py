@@ -186,6 +186,14 @@ def grid_for(total: int, per_block: int) -> int:
     return max(1, -(-total // per_block))
 
 
+def format_bytes(count: int) -> str:
+    """Bytes for a person: B, KiB, MiB or GiB with three significant digits."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count} B"
+
+
 def largest_batch_chunk(n: int, per_image_bytes: int, budget: int) -> int:
     """The largest divisor of the batch ``n`` whose images' workspace fits ``budget`` (at least 1):
     the default ``batch_chunk`` of the families that stage a workspace per chunk."""
@@ -228,6 +236,12 @@ class Family:
         """The heuristic for a target architecture (``build(spec)`` without tiles): the portable
         ``default_tiles`` unless the family has a kernel that only newer GPUs run."""
         return self.default_tiles(spec)
+
+    def tiles_within(self, spec: ConvSpec, limit: int) -> Tiles:
+        """The heuristic's tiles held to ``limit`` bytes of workspace (``build(..., workspace_limit=)``
+        when the heuristic's own need more), or a SpecError that names the least this family needs."""
+        raise SpecError("workspace_limit", limit, f"{self.name} has no tile choice that needs less workspace "
+                        f"for this spec")
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""

@@ -17,9 +17,10 @@ import numpy as np
 
 from codegen import index
 from codegen.families import im2col
-from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, largest_batch_chunk
+from codegen.families.base import (BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, format_bytes,
+                                   largest_batch_chunk)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles
 
 WORKSPACE_BUDGET = 1 << 30
@@ -36,17 +37,29 @@ class Im2colGemmTiles(Tiles):
     )
 
 
+def column_bytes_per_image(spec: ConvSpec) -> int:
+    alg = index.IndexAlgebra(spec)
+    return alg.rows * math.prod(alg.out_size) * 4
+
+
 class Im2colGemm(Family):
     name = "im2col_gemm"
     template = "im2col_gemm.cu.j2"
     tiles_type = Im2colGemmTiles
     summary = "explicit im2col into a workspace, then cuBLAS SGEMM, in batch chunks"
 
-    def default_tiles(self, spec: ConvSpec) -> Im2colGemmTiles:
-        """The largest divisor of N whose column matrix fits ``WORKSPACE_BUDGET`` (at least 1)."""
-        alg = index.IndexAlgebra(spec)
-        per_image = alg.rows * math.prod(alg.out_size) * 4
-        return Im2colGemmTiles(batch_chunk=largest_batch_chunk(spec.n, per_image, WORKSPACE_BUDGET))
+    def default_tiles(self, spec: ConvSpec, budget: int = WORKSPACE_BUDGET) -> Im2colGemmTiles:
+        """The largest divisor of N whose column matrix fits ``budget`` (at least 1)."""
+        return Im2colGemmTiles(batch_chunk=largest_batch_chunk(spec.n, column_bytes_per_image(spec), budget))
+
+    def tiles_within(self, spec: ConvSpec, limit: int) -> Im2colGemmTiles:
+        """The largest batch chunk whose column matrix fits ``limit``."""
+        per_image = column_bytes_per_image(spec)
+        if per_image > limit:
+            raise SpecError("workspace_limit", limit, f"im2col_gemm needs at least {format_bytes(per_image)} of "
+                            f"workspace here (the limit is {format_bytes(limit)}): one image's column matrix, the smallest batch chunk; implicit_gemm "
+                            f"needs none")
+        return self.default_tiles(spec, min(limit, WORKSPACE_BUDGET))
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return [{"batch_chunk": d} for d in range(1, spec.n + 1) if spec.n % d == 0]

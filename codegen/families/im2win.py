@@ -27,9 +27,9 @@ import numpy as np
 from codegen import index
 from codegen.families import gemm
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
-                                   grid_for, kernel_name, largest_batch_chunk)
+                                   format_bytes, grid_for, kernel_name, largest_batch_chunk)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, replace
+from codegen.spec import ConvSpec, SpecError, replace
 from codegen.tiles import TileParam
 
 TRANSFORM_THREADS = 256
@@ -48,10 +48,13 @@ class Im2winTiles(gemm.GemmTiles):
     )
 
 
-def batch_chunk(spec: ConvSpec) -> int:
-    """The largest divisor of N whose im2win tensor fits ``WINDOW_BUDGET`` (at least 1)."""
-    per_image = math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
-    return largest_batch_chunk(spec.n, per_image, WINDOW_BUDGET)
+def window_bytes_per_image(spec: ConvSpec) -> int:
+    return math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
+
+
+def batch_chunk(spec: ConvSpec, budget: int = WINDOW_BUDGET) -> int:
+    """The largest divisor of N whose im2win tensor fits ``budget`` (at least 1)."""
+    return largest_batch_chunk(spec.n, window_bytes_per_image(spec), budget)
 
 
 def _per_chunk(spec: ConvSpec, gemm_configs) -> list[dict]:
@@ -91,11 +94,20 @@ class Im2win(Family):
     tiles_type = Im2winTiles
     summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM, in batch chunks"
 
-    def default_tiles(self, spec: ConvSpec) -> Im2winTiles:
+    def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET) -> Im2winTiles:
         """``gemm.heuristic`` for one chunk's GEMM, the chunk from ``batch_chunk``."""
-        chunk = batch_chunk(spec)
+        chunk = batch_chunk(spec, budget)
         core = gemm.heuristic(replace(spec, n=chunk))
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
+
+    def tiles_within(self, spec: ConvSpec, limit: int) -> Im2winTiles:
+        """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
+        per_image = window_bytes_per_image(spec)
+        if per_image > limit:
+            raise SpecError("workspace_limit", limit, f"im2win needs at least {format_bytes(per_image)} of workspace "
+                            f"here (the limit is {format_bytes(limit)}): one image's window tensor {index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))}, "
+                            f"the smallest batch chunk; implicit_gemm needs none")
+        return self.default_tiles(spec, min(limit, WINDOW_BUDGET))
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)))

@@ -94,6 +94,11 @@ class ImplicitGemm(Family):
         least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
         return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
 
+    def tiles_within(self, spec: ConvSpec, limit: int) -> gemm.GemmTiles:
+        """The portable cp.async kernel, which needs no workspace (the TMA kernel's is its
+        transposed filter)."""
+        return self.default_tiles(spec)
+
     def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
         """The TMA kernel's tiles (docs/perf.md, GEMM v11 and v15), 128 output channels wide above
         64 channels, else 64.  16-row micro-tiles (8 consumer warps of 64x64: 256x128 or 512x64
