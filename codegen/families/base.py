@@ -243,6 +243,16 @@ class Family:
         raise SpecError("workspace_limit", limit, f"{self.name} has no tile choice that needs less workspace "
                         f"for this spec")
 
+    def chunk_within(self, spec: ConvSpec, limit: int, per_image: int, what: str, budget: int) -> Tiles:
+        """``tiles_within`` for a family whose workspace holds ``per_image`` bytes (``what``) for each
+        image of its batch chunk and whose ``default_tiles(spec, budget)`` takes the largest chunk
+        within ``budget``: the heuristic's own budget or the limit, whichever is less."""
+        if per_image > limit:
+            raise SpecError("workspace_limit", limit, f"{self.name} needs at least {format_bytes(per_image)} of "
+                            f"workspace here (the limit is {format_bytes(limit)}): {what}, the smallest batch "
+                            f"chunk; implicit_gemm needs none")
+        return self.default_tiles(spec, min(limit, budget))
+
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""
         return []

@@ -17,10 +17,9 @@ import numpy as np
 
 from codegen import index
 from codegen.families import im2col
-from codegen.families.base import (BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, format_bytes,
-                                   largest_batch_chunk)
+from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, largest_batch_chunk
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec
 from codegen.tiles import TileParam, Tiles
 
 WORKSPACE_BUDGET = 1 << 30
@@ -54,12 +53,8 @@ class Im2colGemm(Family):
 
     def tiles_within(self, spec: ConvSpec, limit: int) -> Im2colGemmTiles:
         """The largest batch chunk whose column matrix fits ``limit``."""
-        per_image = column_bytes_per_image(spec)
-        if per_image > limit:
-            raise SpecError("workspace_limit", limit, f"im2col_gemm needs at least {format_bytes(per_image)} of "
-                            f"workspace here (the limit is {format_bytes(limit)}): one image's column matrix, the smallest batch chunk; implicit_gemm "
-                            f"needs none")
-        return self.default_tiles(spec, min(limit, WORKSPACE_BUDGET))
+        return self.chunk_within(spec, limit, column_bytes_per_image(spec), "one image's column matrix",
+                                 WORKSPACE_BUDGET)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return [{"batch_chunk": d} for d in range(1, spec.n + 1) if spec.n % d == 0]

@@ -27,9 +27,9 @@ import numpy as np
 from codegen import index
 from codegen.families import gemm
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
-                                   format_bytes, grid_for, kernel_name, largest_batch_chunk)
+                                   grid_for, kernel_name, largest_batch_chunk)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, SpecError, replace
+from codegen.spec import ConvSpec, replace
 from codegen.tiles import TileParam
 
 TRANSFORM_THREADS = 256
@@ -102,12 +102,9 @@ class Im2win(Family):
 
     def tiles_within(self, spec: ConvSpec, limit: int) -> Im2winTiles:
         """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
-        per_image = window_bytes_per_image(spec)
-        if per_image > limit:
-            raise SpecError("workspace_limit", limit, f"im2win needs at least {format_bytes(per_image)} of workspace "
-                            f"here (the limit is {format_bytes(limit)}): one image's window tensor {index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))}, "
-                            f"the smallest batch chunk; implicit_gemm needs none")
-        return self.default_tiles(spec, min(limit, WINDOW_BUDGET))
+        shape = index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))
+        return self.chunk_within(spec, limit, window_bytes_per_image(spec), f"one image's window tensor {shape}",
+                                 WINDOW_BUDGET)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
         return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)))
