@@ -103,3 +103,15 @@ def test_cli_workspace_limit_reaches_the_plan_and_the_report(cache_dir, capsys):
     assert main(["emit", "im2win", *flags, "--tile", "batch_chunk=4", "--workspace-limit", "200KiB",
                  "-o", "/nonexistent/never-written.cu"]) == 2
     assert "needs 360 KiB of workspace (win), over the limit of 200 KiB" in capsys.readouterr().err
+
+
+def test_a_tuned_record_over_the_limit_gives_way_to_the_heuristic_under_it(monkeypatch):
+    """A tuning-database record is the package's own choice, so a limit holds it like the heuristic."""
+    from codegen import tune
+
+    spec = layer("c3d_conv2", "NDHWC")
+    recorded = {**plan("im2win", spec).tiles.to_dict(), "batch_chunk": 4, "stages": 2}
+    monkeypatch.setattr(tune, "tuned_tiles", lambda family, spec: recorded)
+    assert plan("im2win", spec).tiles.stages == 2
+    held = plan("im2win", spec, workspace_limit=300 * MIB)
+    assert held.tiles.batch_chunk == 2 and held.workspace_bytes <= 300 * MIB
