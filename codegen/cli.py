@@ -204,9 +204,18 @@ def cmd_run(args) -> int:
     mismatch = compare(result, expected)
     print(f"check    {'PASS' if mismatch is None else 'FAIL: ' + str(mismatch)} (vs float64 numpy reference, NaN-poisoned output)")
     median = bench.time_kernel(kernel)
-    nbytes = sum(b.elements for b in kernel.plan.buffers) * 4
-    print(f"time     {median * 1e3:.4f} ms median, {nbytes / median / 1e9:.1f} GB/s (bytes read once + written once)")
+    print(f"time     {median * 1e3:.4f} ms median, {rate(kernel.plan, median)}")
     return 0 if mismatch is None else 1
+
+
+def rate(kernel_plan, seconds: float) -> str:
+    """A convolution's TFLOP/s, a transform's GB/s: what the emitted files' timers report too."""
+    from codegen.emit import bench_work
+
+    work = bench_work(kernel_plan)
+    if work["bench_flops"]:
+        return f"{work['bench_flops'] / seconds / 1e12:.2f} TFLOP/s (2 x multiply-adds, padding taps included)"
+    return f"{work['bench_bytes'] / seconds / 1e9:.1f} GB/s (bytes read once + written once)"
 
 
 def cmd_fuzz(args) -> int:

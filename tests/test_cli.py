@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from codegen.cli import main
+from codegen.spec import ConvSpec
 
 
 def run(*args, env=None):
@@ -443,3 +444,15 @@ def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs
     for case in cases:
         assert main(["fuzz", *case, "--examples", "2", "--seed", "0"]) == 0, case
         assert "no failing spec in 2 checked;" in capsys.readouterr().out, case
+
+
+def test_run_reports_tflops_for_convolutions_and_gb_per_second_for_transforms():
+    from codegen.api import plan
+    from codegen.cli import rate
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=4, k=8, input_size=10, filter_size=3, padding=1)
+    flops = 2 * (2 * 10 * 10) * 8 * (4 * 9)
+    assert rate(plan("implicit_gemm", spec), 1e-6) == f"{flops / 1e-6 / 1e12:.2f} TFLOP/s (2 x multiply-adds, padding taps included)"
+    assert rate(plan("direct", spec), 1e-6).endswith("TFLOP/s (2 x multiply-adds, padding taps included)")
+    moved = (2 * 10 * 10 * 4 + 36 * 200) * 4
+    assert rate(plan("im2col", spec), 1e-6) == f"{moved / 1e-6 / 1e9:.1f} GB/s (bytes read once + written once)"
