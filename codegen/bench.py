@@ -6,6 +6,7 @@ unfold/fold (the peer), all measured in this run.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codegen.clocks import describe, sampler_for_current_device
 from codegen.families.direct import VARIANTS as DIRECT_VARIANTS
 from codegen.spec import ConvSpec
 
@@ -206,6 +208,16 @@ def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats:
     return result
 
 
+@contextlib.contextmanager
+def clocked(results: list[dict], sampler):
+    """Give the rows appended to ``results`` inside the block the SM clock sampled meanwhile."""
+    first, started = len(results), time.monotonic()
+    yield
+    clock = sampler.window(started, time.monotonic()) if sampler.active else None
+    for row in results[first:]:
+        row["clock"] = clock
+
+
 def select_layers(shapes: list[dict], layers) -> list[dict]:
     """The layers named in ``layers`` (all when empty), refusing names the benchmark does not have."""
     if not layers:
@@ -226,13 +238,16 @@ def bench_memory_family(family: str, layouts=("NCHW", "NHWC"), layers=None, out_
     results = []
     total = len(shapes) * len(layouts)
     start = time.perf_counter()
-    for layer in shapes:
-        for layout in layouts:
-            results.append(bench_layer(family, layer, layout, copy_bps, repeats))
-            r = results[-1]
-            print(f"[{len(results)}/{total}] {family} {r['layer']} {layout}: {r['ms']:.3f} ms, "
-                  f"{r['ratio_copy']:.2f} of copy, {r['speedup_vs_torch']:.1f}x torch "
-                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    with sampler_for_current_device() as sampler:
+        for layer in shapes:
+            for layout in layouts:
+                with clocked(results, sampler):
+                    results.append(bench_layer(family, layer, layout, copy_bps, repeats))
+                r = results[-1]
+                print(f"[{len(results)}/{total}] {family} {r['layer']} {layout}: {r['ms']:.3f} ms, "
+                      f"{r['ratio_copy']:.2f} of copy, {r['speedup_vs_torch']:.1f}x torch "
+                      f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+        print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{family}.json").write_text(json.dumps(results, indent=1))
     plot(results, out_dir / f"{family}.png")
@@ -391,18 +406,22 @@ def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("fi
     copy_bps = copy_bandwidth()
     results = []
     start = time.perf_counter()
-    for layer in chosen:
-        group = layer["group"]
-        layout = "NCDHW" if group == "conv3d" else "NCHW"
-        spec = layer_spec(layer, layout, layer["N"])
-        layer_repeats = repeats if group == "filter2d" else max(3, repeats // 3)
-        rows = bench_direct_spec(spec, layer["name"], variants, layer_repeats, copy_bps)
-        results.extend(rows)
-        timed = [r for r in rows if "ms" in r]
-        best = min(timed, key=lambda r: r["ms"]) if timed else None
-        print(f"[{len(results)}] direct {layer['name']}: best {best['variant'] if best else '-'} "
-              f"{best['ms'] if best else float('nan'):.3f} ms, cuDNN {rows[0]['cudnn_ms']:.3f} ms "
-              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    with sampler_for_current_device() as sampler:
+        for layer in chosen:
+            group = layer["group"]
+            layout = "NCDHW" if group == "conv3d" else "NCHW"
+            spec = layer_spec(layer, layout, layer["N"])
+            layer_repeats = repeats if group == "filter2d" else max(3, repeats // 3)
+            first = len(results)
+            with clocked(results, sampler):
+                results.extend(bench_direct_spec(spec, layer["name"], variants, layer_repeats, copy_bps))
+            rows = results[first:]
+            timed = [r for r in rows if "ms" in r]
+            best = min(timed, key=lambda r: r["ms"]) if timed else None
+            print(f"[{len(results)}] direct {layer['name']}: best {best['variant'] if best else '-'} "
+                  f"{best['ms'] if best else float('nan'):.3f} ms, cuDNN {rows[0]['cudnn_ms']:.3f} ms "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+        print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "direct.json").write_text(json.dumps(results, indent=1))
     plot_direct(results, out_dir / "direct.png")

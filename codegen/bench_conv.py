@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
-from codegen.clocks import ClockSampler, sampler_for_current_device
+from codegen.clocks import ClockSampler, describe, sampler_for_current_device
 from codegen.spec import ConvSpec
 
 FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
@@ -156,6 +156,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
                 print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
                       f"{best['family'] if best else '-'} {best['ms'] if best else float('nan'):.3f} ms{clock_note} "
                       f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+        print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     plot(results, out_dir / f"{name}.png")

@@ -61,3 +61,20 @@ def test_without_nvidia_smi_nothing_is_sampled(monkeypatch):
     with clocks.ClockSampler("0000:41:00.0") as sampler:
         assert not sampler.active
     assert sampler.overall() is None
+
+
+def test_rows_measured_inside_a_clocked_block_get_its_window():
+    from codegen.bench import clocked
+
+    sampler = clocks.ClockSampler("0000:41:00.0")
+    sampler._process = object()   # active, without a subprocess: samples are planted below
+    results = [{"layer": "before"}]
+    with clocked(results, sampler):
+        sampler.samples.append(clocks.parse_line(CAPPED, time.monotonic()))
+        results.append({"layer": "inside"})
+    assert "clock" not in results[0]
+    assert results[1]["clock"]["sm_mhz_median"] == 1905 and results[1]["clock"]["power_capped_share"] == 1.0
+    idle = clocks.ClockSampler("0000:41:00.0")
+    with clocked(results, idle):
+        results.append({"layer": "unsampled"})
+    assert results[2]["clock"] is None
