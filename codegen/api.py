@@ -65,8 +65,8 @@ def check_workspace_limit(limit) -> None:
 
 def _difference(tiles: Tiles, other: Tiles) -> str:
     """The fields of ``other`` that differ from ``tiles``, as NAME=VALUE."""
-    theirs = other.to_dict()
-    changed = [f"{k}={v}" for k, v in theirs.items() if tiles.to_dict().get(k) != v]
+    ours = tiles.to_dict()
+    changed = [f"{k}={v}" for k, v in other.to_dict().items() if ours.get(k) != v]
     return " ".join(changed) or other.describe()
 
 

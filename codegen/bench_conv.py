@@ -178,10 +178,10 @@ def format_table(results: list[dict]) -> str:
     families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
     families = [(f, v) for f in families for v in SERIES if any(
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
-    clocked = any(r.get("clock") for r in results)
+    has_clock = any(r.get("clock") for r in results)
     columns = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
         f" {f if v == 'heuristic' else f'({v})':>13}" for f, v in families)
-    head = columns + (f" {'MHz':>5} {'cap':>4}" if clocked else "")
+    head = columns + (f" {'MHz':>5} {'cap':>4}" if has_clock else "")
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", columns, "-" * len(columns)]
     keyed = {}
@@ -202,11 +202,11 @@ def format_table(results: list[dict]) -> str:
             mem.append(f" {r['extra_bytes'] / 2**20:13.1f}")
         clock = first.get("clock")
         clock_cells = (f" {clock['sm_mhz_median']:5.0f} {100 * clock['power_capped_share']:3.0f}%" if clock
-                       else f" {'-':>5} {'-':>4}") if clocked else ""
+                       else f" {'-':>5} {'-':>4}") if has_clock else ""
         lines.append(f"{layer:11} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells) + clock_cells)
         memory.append(f"{layer:11} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
     ablation = [r for r in results if r["ablation"] and "ms" in r]
-    if clocked:
+    if has_clock:
         lines.append("MHz: median SM clock while the layer was timed; cap: share of those samples with the power "
                      "cap holding the clock down")
     text = "\n".join(lines + [""] + memory)
