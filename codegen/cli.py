@@ -119,6 +119,8 @@ def parse_size(text: str) -> int:
         value = -1.0
     if unit not in SIZE_UNITS or not 0 <= value < float("inf"):
         raise SpecError("--workspace-limit", text, "must be bytes, e.g. 4096, 64MiB or 1.5GiB")
+    if SIZE_UNITS[unit] == 1 and not value.is_integer():
+        raise SpecError("--workspace-limit", text, "a byte count is a whole number; for fractions give a unit (1.5KiB)")
     return int(value * SIZE_UNITS[unit])
 
 

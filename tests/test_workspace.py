@@ -87,7 +87,7 @@ def test_cli_sizes_take_binary_units(text, size):
 
 @pytest.mark.parametrize("text, message", [("64MB", "KiB, MiB or GiB"), ("2k", "KiB, MiB or GiB"),
                                            ("lots", "e.g. 4096"), ("-1MiB", "e.g. 4096"), ("inf", "e.g. 4096"),
-                                           ("nan", "e.g. 4096"), ("3TiB", "e.g. 4096")])
+                                           ("nan", "e.g. 4096"), ("3TiB", "e.g. 4096"), ("0.5", "whole number")])
 def test_cli_sizes_refuse_what_they_cannot_read(text, message):
     with pytest.raises(SpecError, match=message):
         parse_size(text)
