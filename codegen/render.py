@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from codegen import __version__
-from codegen.families.base import KernelPlan
+from codegen.families.base import KernelPlan, format_bytes
 
 PACKAGE_TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE_DIR = PACKAGE_TEMPLATES
@@ -78,6 +78,8 @@ def _context(plan: KernelPlan) -> dict:
         "chunk_advance": plan.chunk_advance,
         "chunk_images": plan.spec.n // plan.chunks,
         "buffers": plan.buffers,
+        "workspace_bytes": plan.workspace_bytes,
+        "workspace_size": format_bytes(plan.workspace_bytes),
         "zero_output": plan.zero_output,
         "constants": plan.constants,
     }

@@ -37,6 +37,15 @@ def test_header_echoes_spec_tiles_version_and_index_type():
     assert kernel_plan.launches[0].kernel in header
 
 
+def test_header_states_the_workspace_in_bytes_where_there_is_one():
+    spec = ConvSpec(dims=2, layout="NCHW", n=4, c=8, k=8, input_size=12, filter_size=3, padding=1)
+    windowed = plan("im2win", spec, {"batch_chunk": 2})
+    header = render_kernels(windowed).code.split("\n\n")[0]
+    assert f"//   workspace: {windowed.workspace_bytes:,} bytes (" in header
+    assert windowed.workspace_bytes == 2 * 8 * 12 * 14 * 3 * 4   # chunk x C x OH x padded W x R, fp32
+    assert "workspace:" not in render_kernels(plan("implicit_gemm", spec)).code.split("\n\n")[0]
+
+
 def test_different_specs_render_different_kernel_names():
     other = ConvSpec.from_dict({**SPEC.to_dict(), "n": 3})
     assert plan("im2col", SPEC).launches[0].kernel != plan("im2col", other).launches[0].kernel

@@ -6,6 +6,7 @@
 //   launch convgen_im2win_precomp_24e292a337: grid (1568, 1, 1) block (256, 1, 1) shared 67632 B
 //   the launches run 2 times, once per batch chunk of 4 images, advancing x by 12845056, y by 25690112 elements each time
 //   buffers: in x[8][64][16][56][56], in w[128][64][3][3][3], workspace win[4][64][16][56][58][9], out y[8][128][16][56][56]
+//   workspace: 478,937,088 bytes (457 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_fda06fb59a_transform: grid (241920, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_fda06fb59a: grid (1568, 1, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[8][128][8][28][28], in w[256][128][3][3][3], workspace win[8][128][8][28][30][9], out y[8][256][8][28][28]
+//   workspace: 247,726,080 bytes (236 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_9fc307b30e_transform: grid (139776, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_9fc307b30e: grid (676, 2, 1) block (256, 1, 1) shared 67632 B
 //   buffers: in x[128][128][28][28], in w[128][128][3][3], workspace win[128][128][26][28][3], out y[128][128][26][26]
+//   workspace: 143,130,624 bytes (136 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

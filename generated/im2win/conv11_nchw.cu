@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_c0f18ec9d1_transform: grid (64512, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_c0f18ec9d1: grid (576, 2, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][256][14][14], in w[256][256][3][3], workspace win[128][256][12][14][3], out y[128][256][12][12]
+//   workspace: 66,060,288 bytes (63 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

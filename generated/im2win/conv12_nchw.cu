@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_87189592de_transform: grid (26880, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_87189592de: grid (400, 3, 1) block (64, 1, 1) shared 26160 B
 //   buffers: in x[128][512][7][7], in w[512][512][3][3], workspace win[128][512][5][7][3], out y[128][512][5][5]
+//   workspace: 27,525,120 bytes (26.2 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_161d1cfa6d_transform: grid (206003, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_161d1cfa6d: grid (3025, 1, 1) block (128, 1, 1) shared 51248 B
 //   buffers: in x[128][3][227][227], in w[96][3][11][11], workspace win[128][3][55][227][11], out y[128][96][55][55]
+//   workspace: 210,946,560 bytes (201 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

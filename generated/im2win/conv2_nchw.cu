@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_e2e254c219_transform: grid (213444, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_e2e254c219: grid (3136, 1, 1) block (128, 1, 1) shared 51248 B
 //   buffers: in x[128][3][231][231], in w[96][3][11][11], workspace win[128][3][56][231][11], out y[128][96][56][56]
+//   workspace: 218,566,656 bytes (208 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_c0c3177783_transform: grid (264569, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_c0c3177783: grid (12321, 1, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][3][227][227], in w[64][3][7][7], workspace win[128][3][111][227][7], out y[128][64][111][111]
+//   workspace: 270,918,144 bytes (258 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

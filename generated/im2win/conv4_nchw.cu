@@ -6,6 +6,7 @@
 //   launch convgen_im2win_precomp_da41faddf9: grid (743, 2, 1) block (128, 1, 1) shared 38448 B
 //   the launches run 16 times, once per batch chunk of 8 images, advancing x by 25690112, y by 6083072 elements each time
 //   buffers: in x[128][64][224][224], in w[64][64][7][7], workspace win[8][64][109][223][7], out y[128][64][109][109]
+//   workspace: 348,465,152 bytes (332 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_7cc0c36a11_transform: grid (115200, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_7cc0c36a11: grid (1600, 1, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][96][24][24], in w[256][96][5][5], workspace win[128][96][20][24][5], out y[128][256][20][20]
+//   workspace: 117,964,800 bytes (112 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

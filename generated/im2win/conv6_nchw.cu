@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_d61d887d70_transform: grid (46080, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_d61d887d70: grid (800, 2, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][256][12][12], in w[512][256][3][3], workspace win[128][256][10][12][3], out y[128][512][10][10]
+//   workspace: 47,185,920 bytes (45 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_29bd296db7_transform: grid (223776, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_29bd296db7: grid (49284, 1, 1) block (128, 1, 1) shared 34864 B
 //   buffers: in x[128][3][224][224], in w[64][3][3][3], workspace win[128][3][222][224][3], out y[128][64][222][222]
+//   workspace: 229,146,624 bytes (219 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -6,6 +6,7 @@
 //   launch convgen_im2win_precomp_e0ab3ba0f8: grid (3025, 1, 1) block (256, 1, 1) shared 67632 B
 //   the launches run 4 times, once per batch chunk of 32 images, advancing x by 25690112, y by 49561600 elements each time
 //   buffers: in x[128][64][112][112], in w[128][64][3][3], workspace win[32][64][110][112][3], out y[128][128][110][110]
+//   workspace: 302,776,320 bytes (289 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

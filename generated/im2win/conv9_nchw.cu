@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_e9f8704e93_transform: grid (290304, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_e9f8704e93: grid (2916, 1, 1) block (128, 1, 1) shared 38448 B
 //   buffers: in x[128][64][56][56], in w[64][64][3][3], workspace win[128][64][54][56][3], out y[128][64][54][54]
+//   workspace: 297,271,296 bytes (284 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

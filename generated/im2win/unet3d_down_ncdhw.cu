@@ -5,6 +5,7 @@
 //   launch convgen_im2win_precomp_82cda9fc35_transform: grid (38016, 1, 1) block (256, 1, 1)
 //   launch convgen_im2win_precomp_82cda9fc35: grid (256, 5, 1) block (128, 1, 1) shared 32304 B
 //   buffers: in x[2][64][32][32][32], in w[128][64][3][3][3], workspace win[2][64][16][16][33][9], out y[2][128][16][16][16]
+//   workspace: 38,928,384 bytes (37.1 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

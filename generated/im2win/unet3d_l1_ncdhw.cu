@@ -6,6 +6,7 @@
 //   launch convgen_im2win_precomp_cb6be00c54: grid (1024, 2, 1) block (256, 1, 1) shared 56880 B
 //   the launches run 2 times, once per batch chunk of 1 images, advancing x by 8388608, y by 8388608 elements each time
 //   buffers: in x[2][32][64][64][64], in w[32][32][3][3][3], workspace win[1][32][64][64][66][9], out y[2][32][64][64][64]
+//   workspace: 311,427,072 bytes (297 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -5,6 +5,7 @@
 //   launch convgen_implicit_gemm_tma_bae4d6e016_filter: grid (864, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_bae4d6e016: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
 //   buffers: in x[8][64][16][56][56], in w[128][64][3][3][3], out y[8][128][16][56][56], workspace wt[27][64][128]
+//   workspace: 884,736 bytes (864 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

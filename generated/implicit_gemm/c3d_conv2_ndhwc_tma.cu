@@ -5,6 +5,7 @@
 //   launch convgen_implicit_gemm_tma_00aa335ad4_filter: grid (864, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_00aa335ad4: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
 //   buffers: in x[8][16][56][56][64], in w[128][3][3][3][64], out y[8][16][56][56][128], workspace wt[27][64][128]
+//   workspace: 884,736 bytes (864 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

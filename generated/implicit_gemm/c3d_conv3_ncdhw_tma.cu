@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_0646e55bbc_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_0646e55bbc: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[8][128][8][28][28], in w[256][128][3][3][3], out y[8][256][8][28][28], workspace wt[27][128][256]
+//   workspace: 3,538,944 bytes (3.38 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

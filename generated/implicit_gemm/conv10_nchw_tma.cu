@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_e9a0dd4731_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_e9a0dd4731: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][128][28][28], in w[128][128][3][3], out y[128][128][26][26], workspace wt[9][128][128]
+//   workspace: 589,824 bytes (576 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

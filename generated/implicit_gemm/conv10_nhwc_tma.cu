@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_d8766da3af_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_d8766da3af: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][28][28][128], in w[128][3][3][128], out y[128][26][26][128], workspace wt[9][128][128]
+//   workspace: 589,824 bytes (576 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

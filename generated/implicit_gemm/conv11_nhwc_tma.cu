@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_36ffe0158b_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_36ffe0158b: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][14][14][256], in w[256][3][3][256], out y[128][12][12][256], workspace wt[9][256][256]
+//   workspace: 2,359,296 bytes (2.25 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

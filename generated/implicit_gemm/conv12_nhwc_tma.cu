@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_9452440b66_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_9452440b66: grid (132, 1, 1) block (160, 1, 1) shared 148576 B
 //   buffers: in x[128][7][7][512], in w[512][3][3][512], out y[128][5][5][512], workspace wt[9][512][512]
+//   workspace: 9,437,184 bytes (9 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

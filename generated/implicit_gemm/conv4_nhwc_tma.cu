@@ -7,6 +7,7 @@
 //   launch convgen_implicit_gemm_tma_fa185a6047: grid (132, 1, 1) block (384, 1, 1) shared 222256 B
 //   launch convgen_implicit_gemm_tma_fa185a6047_tail: grid (132, 1, 1) block (384, 1, 1) shared 222256 B
 //   buffers: in x[128][224][224][64], in w[64][7][7][64], out y[128][109][109][64], workspace wt[49][64][64]
+//   workspace: 802,816 bytes (784 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

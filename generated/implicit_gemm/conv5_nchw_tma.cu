@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_daf2ec74fc_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_daf2ec74fc: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][96][24][24], in w[256][96][5][5], out y[128][256][20][20], workspace wt[25][96][256]
+//   workspace: 2,457,600 bytes (2.34 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_3d1d02b670_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_3d1d02b670: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][24][24][96], in w[256][5][5][96], out y[128][20][20][256], workspace wt[25][96][256]
+//   workspace: 2,457,600 bytes (2.34 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_edccfd9c1f_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_edccfd9c1f: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][256][12][12], in w[512][256][3][3], out y[128][512][10][10], workspace wt[9][256][512]
+//   workspace: 4,718,592 bytes (4.5 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

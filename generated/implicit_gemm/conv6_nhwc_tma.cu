@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_1abfab5657_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_1abfab5657: grid (132, 1, 1) block (384, 1, 1) shared 197728 B
 //   buffers: in x[128][12][12][256], in w[512][3][3][256], out y[128][10][10][512], workspace wt[9][256][512]
+//   workspace: 4,718,592 bytes (4.5 MiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

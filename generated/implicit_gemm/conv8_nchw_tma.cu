@@ -5,6 +5,7 @@
 //   launch convgen_implicit_gemm_tma_5acf8e0335_filter: grid (288, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_5acf8e0335: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
 //   buffers: in x[128][64][112][112], in w[128][64][3][3], out y[128][128][110][110], workspace wt[9][64][128]
+//   workspace: 294,912 bytes (288 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

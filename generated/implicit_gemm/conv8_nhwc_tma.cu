@@ -5,6 +5,7 @@
 //   launch convgen_implicit_gemm_tma_fdd3e206b2_filter: grid (288, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_fdd3e206b2: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
 //   buffers: in x[128][112][112][64], in w[128][3][3][64], out y[128][110][110][128], workspace wt[9][64][128]
+//   workspace: 294,912 bytes (288 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

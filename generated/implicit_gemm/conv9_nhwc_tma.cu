@@ -5,6 +5,7 @@
 //   launch convgen_implicit_gemm_tma_e6fd52c872_filter: grid (144, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_e6fd52c872: grid (132, 1, 1) block (384, 1, 1) shared 222256 B
 //   buffers: in x[128][56][56][64], in w[64][3][3][64], out y[128][54][54][64], workspace wt[9][64][64]
+//   workspace: 147,456 bytes (144 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

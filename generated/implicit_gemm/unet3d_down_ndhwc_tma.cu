@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_78e97168fc_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_78e97168fc: grid (132, 1, 1) block (96, 1, 1) shared 124000 B
 //   buffers: in x[2][32][32][32][64], in w[128][3][3][3][64], out y[2][16][16][16][128], workspace wt[27][64][128]
+//   workspace: 884,736 bytes (864 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_ffa9fd6d9d_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_ffa9fd6d9d: grid (132, 1, 1) block (384, 1, 1) shared 205904 B
 //   buffers: in x[2][32][64][64][64], in w[32][32][3][3][3], out y[2][32][64][64][64], workspace wt[27][32][32]
+//   workspace: 110,592 bytes (108 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.

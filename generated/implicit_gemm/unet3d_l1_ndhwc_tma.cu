@@ -6,6 +6,7 @@
 //   launch convgen_implicit_gemm_tma_163ef037ef_zero: grid (131, 1, 1) block (256, 1, 1)
 //   launch convgen_implicit_gemm_tma_163ef037ef: grid (132, 1, 1) block (384, 1, 1) shared 205904 B
 //   buffers: in x[2][64][64][64][32], in w[32][3][3][3][32], out y[2][64][64][64][32], workspace wt[27][32][32]
+//   workspace: 110,592 bytes (108 KiB) of scratch beyond inputs and output
 
 //
 // Standalone file: needs only the CUDA toolkit.
