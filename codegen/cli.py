@@ -425,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     emit_cmd.add_argument("--name", help="name of the extern \"C\" launcher")
     emit_cmd.add_argument("--arch", help="architecture named in the build line (default sm_90)")
     compile_cmd = family_command("compile", "compile with NVRTC (no GPU needed); report cache key, hit or miss, "
-                                 "cubin size, registers, shared memory, spills", cmd_compile)
+                                 "cubin size, workspace, registers, shared memory, spills", cmd_compile)
     compile_cmd.add_argument("--arch", help="target, e.g. sm_90 (default: the device's, else sm_90)")
     family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)
     fuzz_cmd = family_command("fuzz", "search random specs for one where the kernel is wrong; print the "
