@@ -213,7 +213,7 @@ def clocked(results: list[dict], sampler):
     """Give the rows appended to ``results`` inside the block the SM clock sampled meanwhile."""
     first, started = len(results), time.monotonic()
     yield
-    clock = sampler.window(started, time.monotonic()) if sampler.active else None
+    clock = sampler.window(started, time.monotonic())
     for row in results[first:]:
         row["clock"] = clock
 

@@ -122,7 +122,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         for samples, (_, launch, count) in zip(kernel_rounds, timed):
             samples.append(median_seconds(launch, count, warmup=1))
     cudnn_seconds = statistics.median(cudnn_rounds)
-    clock = sampler.window(started, time.monotonic()) if sampler and sampler.active else None
+    clock = sampler.window(started, time.monotonic()) if sampler else None
     for samples, (row, _, _) in zip(kernel_rounds, timed):
         seconds = statistics.median(samples)
         row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, speedup_vs_cudnn=cudnn_seconds / seconds)

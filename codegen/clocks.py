@@ -145,6 +145,7 @@ class ClockSampler:
         self._reader.join(timeout=5)
 
     def window(self, start: float, end: float) -> dict | None:
+        """None where nothing was sampled in the window (or at all: no nvidia-smi)."""
         return summarise([s for s in list(self.samples) if start <= s.seconds <= end])
 
     def overall(self) -> dict | None:

@@ -103,7 +103,7 @@ class Im2win(Family):
     def tiles_within(self, spec: ConvSpec, limit: int) -> Im2winTiles:
         """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
         shape = index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))
-        return self.chunk_within(spec, limit, window_bytes_per_image(spec), f"one image's window tensor {shape}",
+        return self.chunk_within(spec, limit, math.prod(shape) * 4, f"one image's window tensor {shape}",
                                  WINDOW_BUDGET)
 
     def tuning_space(self, spec: ConvSpec) -> list[dict]:
