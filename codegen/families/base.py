@@ -253,11 +253,13 @@ class Family:
                             f"chunk; implicit_gemm needs none")
         return self.default_tiles(spec, min(limit, budget))
 
-    def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        """Tile configurations the tuner may try (before limits prune them); empty: not tunable."""
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        """Tile configurations the tuner may try (before the compiler's limits prune them), each
+        within ``workspace_limit`` bytes of workspace where one is given; empty: not tunable.
+        This base serves families without a workspace."""
         return []
 
-    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
+    def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """Members of the space the tuner measures right after the heuristic, whatever the budget:
         shapes known to win that neither sampling nor one-parameter steps reliably reach."""
         return []

@@ -208,7 +208,7 @@ class Direct(Family):
         return DirectTiles(variant="tiled_tma", tile_h=8 * rows, tile_w=128, per_thread=4, rows_per_thread=rows,
                            filter_memory=memory, stages=4, resident_blocks=1)
 
-    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
         and wide tiles, the register-blocked one at 4-8 x 4-8 outputs per thread, 1-3 stages, 1-4
         tiles per block, both filter memories, with and without min_blocks=4, and the TMA one at

@@ -56,8 +56,13 @@ class Im2colGemm(Family):
         return self.chunk_within(spec, limit, column_bytes_per_image(spec), "one image's column matrix",
                                  WORKSPACE_BUDGET)
 
-    def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        return [{"batch_chunk": d} for d in range(1, spec.n + 1) if spec.n % d == 0]
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        """Every batch chunk that divides N and whose column matrix fits ``workspace_limit``."""
+        if workspace_limit is not None:
+            self.tiles_within(spec, workspace_limit)       # names the least it needs when nothing fits
+        per_image = column_bytes_per_image(spec)
+        return [{"batch_chunk": d} for d in range(1, spec.n + 1)
+                if spec.n % d == 0 and (workspace_limit is None or d * per_image <= workspace_limit)]
 
     def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
         chunk = tiles.batch_chunk

@@ -57,10 +57,9 @@ def batch_chunk(spec: ConvSpec, budget: int = WINDOW_BUDGET) -> int:
     return largest_batch_chunk(spec.n, window_bytes_per_image(spec), budget)
 
 
-def _per_chunk(spec: ConvSpec, gemm_configs) -> list[dict]:
+def _per_chunk(spec: ConvSpec, gemm_configs, chunk: int) -> list[dict]:
     """The GEMM core's configurations (``gemm.tuning_space`` or ``gemm.tuning_seeds``) for one
-    heuristic batch chunk's GEMM, each with that chunk."""
-    chunk = batch_chunk(spec)
+    chunk's GEMM, each with that chunk."""
     return [dict(tiles, batch_chunk=chunk) for tiles in gemm_configs(replace(spec, n=chunk))]
 
 
@@ -106,11 +105,17 @@ class Im2win(Family):
         return self.chunk_within(spec, limit, math.prod(shape) * 4, f"one image's window tensor {shape}",
                                  WINDOW_BUDGET)
 
-    def tuning_space(self, spec: ConvSpec) -> list[dict]:
-        return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)))
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        """The GEMM core's space for the heuristic's batch chunk (held to ``workspace_limit``)."""
+        return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)),
+                          self._chunk(spec, workspace_limit))
 
-    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
-        return _per_chunk(spec, gemm.tuning_seeds)
+    def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        return _per_chunk(spec, gemm.tuning_seeds, self._chunk(spec, workspace_limit))
+
+    def _chunk(self, spec: ConvSpec, workspace_limit: int | None) -> int:
+        tiles = self.default_tiles(spec) if workspace_limit is None else self.tiles_within(spec, workspace_limit)
+        return tiles.batch_chunk
 
     def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,

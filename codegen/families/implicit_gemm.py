@@ -134,19 +134,27 @@ class ImplicitGemm(Family):
         base = self.tma_tiles(spec) if requested.get("tma") else self.default_tiles(spec)
         return gemm.GemmTiles.from_dict({**base.to_dict(), **requested})
 
-    def tuning_space(self, spec: ConvSpec) -> list[dict]:
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """The GEMM core's space, plus the TMA kernel's tiles (8x8 and 16x8 micro-tiles, block_m
         64-512, block_n 64-256 but no wider than the channels need, 3-6 stages that fit) where the
-        spec suits it."""
-        return gemm.tuning_space(spec, image_vector_ok(spec)) + self._tma_space(spec)
+        spec suits it and its transposed filter fits ``workspace_limit``."""
+        return gemm.tuning_space(spec, image_vector_ok(spec)) + self._tma_space(spec, workspace_limit)
 
-    def tuning_seeds(self, spec: ConvSpec) -> list[dict]:
-        """The GEMM core's seeds, plus the TMA heuristic where the spec suits it."""
+    def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        """The GEMM core's seeds, plus the TMA heuristic where the spec suits it and the limit allows."""
         seeds = gemm.tuning_seeds(spec)
-        return seeds + ([self.tma_tiles(spec).to_dict()] if tma_suits(spec) else [])
+        return seeds + ([self.tma_tiles(spec).to_dict()] if self._tma_within(spec, workspace_limit) else [])
 
-    def _tma_space(self, spec: ConvSpec) -> list[dict]:
+    def _tma_within(self, spec: ConvSpec, workspace_limit: int | None) -> bool:
+        """Whether the TMA kernel takes ``spec`` and its workspace (the transposed filter, whatever
+        the tiles) fits ``workspace_limit``."""
         if not tma_suits(spec):
+            return False
+        shape = index.transposed_filter_terms(self.algebra(spec))["shape"]
+        return workspace_limit is None or math.prod(shape) * 4 <= workspace_limit
+
+    def _tma_space(self, spec: ConvSpec, workspace_limit: int | None) -> list[dict]:
+        if not self._tma_within(spec, workspace_limit):
             return []
         widest = max(64, -(-spec.k // 64) * 64)
         space = []
