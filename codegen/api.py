@@ -40,7 +40,7 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
     if tiles is None:
-        tiles = _tuned_or_default(fam, spec, resolve_arch(arch))
+        tiles = _tuned_or_default(fam, spec, resolve_arch(arch), workspace_limit)
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
@@ -70,19 +70,21 @@ def _difference(tiles: Tiles, other: Tiles) -> str:
     return " ".join(changed) or other.describe()
 
 
-def _tuned_or_default(fam, spec: ConvSpec, arch: str) -> Tiles:
+def _tuned_or_default(fam, spec: ConvSpec, arch: str, workspace_limit: int | None = None) -> Tiles:
     """The tuned configuration recorded for this GPU and version when there is one (it still
     plans and renders to the kernel code that was timed), else the heuristic; a database problem
-    never stops a build.  A record is used as it was measured: a field added since (split_k) takes
-    its declared default, not the heuristic's."""
+    never stops a build.  Under a workspace limit, the record tuned under that limit comes first,
+    then the one tuned without a limit (``plan`` holds either to the limit).  A record is used as it
+    was measured: a field added since (split_k) takes its declared default, not the heuristic's."""
     from codegen.tune import tuned_tiles
 
-    try:
-        tuned = tuned_tiles(fam.name, spec)
-        if tuned is not None:
-            return fam.tiles_type.from_dict(tuned)
-    except (SpecError, TypeError, ValueError):
-        pass
+    for limit in dict.fromkeys((workspace_limit, None)):
+        try:
+            tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
+            if tuned is not None:
+                return fam.tiles_type.from_dict(tuned)
+        except (SpecError, TypeError, ValueError):
+            pass
     return fam.heuristic_tiles(spec, arch)
 
 

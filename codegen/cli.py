@@ -287,6 +287,7 @@ def cmd_bench(args) -> int:
 
 def cmd_tune(args) -> int:
     from codegen import tune
+    from codegen.families.base import format_bytes
 
     db = tune.TuningDB(args.db)
     if args.show:
@@ -297,8 +298,10 @@ def cmd_tune(args) -> int:
             spec = ConvSpec.from_dict(entry["spec"])
             base = f", heuristic {entry['heuristic_ms']:.3f} ms" if entry.get("heuristic_ms") else ""
             state = "" if tune.is_current(entry) else " [stale: timed other kernel code, not used; tune again]"
+            held = (f", for builds with --workspace-limit {format_bytes(entry['workspace_limit'])}"
+                    if entry.get("workspace_limit") is not None else "")
             print(f"{entry['family']:13} {spec.describe()}\n    {entry['gpu']} {entry['arch']} convgen "
-                  f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}{state}\n    "
+                  f"{entry['version']}: {entry.get('ms', float('nan')):.3f} ms{base}{held}{state}\n    "
                   + " ".join(f"{k}={v}" for k, v in entry["tiles"].items()))
         return 0
     if args.export:
@@ -323,9 +326,11 @@ def cmd_tune(args) -> int:
         raise Fail("tune needs a FAMILY (or --show, --export, --import, --refresh)")
     if args.tile:
         raise Fail("tune searches the tiles itself; drop --tile")
+    limit = workspace_limit_from_args(args)
     _require_gpu("convgen tune")
     spec = tune_spec(args)
-    result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db)
+    result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db,
+                       workspace_limit=limit)
     print(tune.format_result(result, args.top))
     if result.best is None:
         print("no configuration passed the reference check; nothing recorded", file=sys.stderr)
@@ -469,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
         "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)\n"
-        "  convgen tune --refresh   (after a template change: re-time the retired entries, seconds each)",
+        "  convgen tune --refresh   (after a template change: re-time the retired entries, seconds each)\n"
+        "  convgen tune im2win --layer conv9 --layout NHWC --workspace-limit 190MiB\n"
+        "      (search only tiles within 190 MiB of workspace; builds with the same --workspace-limit use the record)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tune_cmd.add_argument("family", nargs="?", help="implicit_gemm, im2win, im2col_gemm or direct")
     add_spec_flags(tune_cmd)
@@ -480,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune_cmd.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
     tune_cmd.add_argument("--top", type=int, default=10, help="configurations in the final table (default 10)")
     tune_cmd.add_argument("--db", help="tuning database (default $CONVGEN_TUNING_DB or <cache dir>/tuning.json)")
+    tune_cmd.add_argument("--workspace-limit", metavar="SIZE", help="search only tiles that need at most SIZE of "
+                          "workspace (e.g. 64MiB), from the heuristic held to it; the record serves builds with the "
+                          "same limit (a record tuned without a limit serves them too, where it fits)")
     tune_cmd.add_argument("--show", action="store_true", help="list the database's entries and exit")
     tune_cmd.add_argument("--export", metavar="FILE", help="write the database's entries to FILE and exit")
     tune_cmd.add_argument("--import", dest="import_", metavar="FILE", help="merge FILE's entries and exit")

@@ -25,6 +25,11 @@ tiles rendered to (``kernel_fingerprint``), and a record whose code has changed 
 edit, or a record without one) is not used; ``build`` warns once and takes the heuristic, as
 Triton's autotuning cache is keyed by the kernel's source.  ``refresh`` (``convgen tune --refresh``)
 re-times such records against the heuristic instead of searching again.
+
+Under a workspace limit (``convgen tune --workspace-limit``) the space holds only configurations
+within it, the search starts from ``build``'s choice under it, and the record is keyed by the
+limit too: it serves builds under that limit, and a build without one never takes a winner that
+was held back by memory.
 """
 from __future__ import annotations
 
@@ -76,6 +81,7 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     seconds_spent: float = 0.0
     space_size: int = 0
+    workspace_limit: int | None = None
 
     def top(self, count: int = 10) -> list[Trial]:
         return sorted((t for t in self.trials if t.status == "ok"), key=lambda t: t.seconds)[:count]
@@ -89,9 +95,15 @@ def default_db_path() -> Path:
     return Path(override) if override else default_cache_dir() / "tuning.json"
 
 
-def entry_key(family: str, spec: ConvSpec, device: tuple[str, str], version: str = __version__) -> str:
-    """Family, spec (which is tile-free), GPU name, compute capability and generator version."""
-    return " | ".join((family, spec.describe(), device[0], device[1], version))
+def entry_key(family: str, spec: ConvSpec, device: tuple[str, str], version: str = __version__,
+              workspace_limit: int | None = None) -> str:
+    """Family, spec (which is tile-free), GPU name, compute capability and generator version, and
+    the workspace limit the search was held to, if any: a record tuned under a limit serves builds
+    under that limit only, since without it a faster configuration may need more memory."""
+    parts = [family, spec.describe(), device[0], device[1], version]
+    if workspace_limit is not None:
+        parts.append(f"workspace <= {workspace_limit} B")
+    return " | ".join(parts)
 
 
 class TuningDB:
@@ -140,9 +152,10 @@ class TuningDB:
             raise
         self._entries, self._stamp = entries, self.path.stat().st_mtime
 
-    def lookup(self, family: str, spec: ConvSpec, device: tuple[str, str]) -> dict | None:
+    def lookup(self, family: str, spec: ConvSpec, device: tuple[str, str],
+               workspace_limit: int | None = None) -> dict | None:
         """The recorded tiles, unless the code they render to is not the code that was timed."""
-        key = entry_key(family, spec, device)
+        key = entry_key(family, spec, device, workspace_limit=workspace_limit)
         entry = self.entries().get(key)
         if not entry:
             return None
@@ -155,11 +168,13 @@ class TuningDB:
             return None
         return dict(entry["tiles"])
 
-    def record(self, family: str, spec: ConvSpec, device: tuple[str, str], tiles: dict, **facts: Any) -> None:
+    def record(self, family: str, spec: ConvSpec, device: tuple[str, str], tiles: dict,
+               workspace_limit: int | None = None, **facts: Any) -> None:
         entries = dict(self.entries())
-        entries[entry_key(family, spec, device)] = {
+        limit = {} if workspace_limit is None else {"workspace_limit": workspace_limit}
+        entries[entry_key(family, spec, device, workspace_limit=workspace_limit)] = {
             "family": family, "spec": spec.to_dict(), "gpu": device[0], "arch": device[1], "version": __version__,
-            "tiles": tiles, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"), **facts}
+            "tiles": tiles, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"), **limit, **facts}
         self._write(entries)
 
     def export(self, path: Path | str) -> int:
@@ -244,15 +259,17 @@ def current_device() -> tuple[str, str] | None:
     return _DEVICE[0]
 
 
-def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None) -> dict | None:
-    """The tuned configuration for this family, spec, GPU and version, if one was recorded."""
+def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None,
+                workspace_limit: int | None = None) -> dict | None:
+    """The tuned configuration for this family, spec, GPU and version (and workspace limit), if
+    one was recorded."""
     device = current_device()
     if device is None:
         return None
     if db is None:
         path = default_db_path()
         db = _OPEN_DBS.setdefault(path, TuningDB(path))
-    return db.lookup(family, spec, device)
+    return db.lookup(family, spec, device, workspace_limit)
 
 
 # -- search ------------------------------------------------------------------------------------
@@ -400,27 +417,37 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
 
 def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 200, seed: int = 0,
          evaluate=None, db: TuningDB | None = None, record: bool = True, progress: bool = True,
-         clock: Callable[[], float] = time.monotonic, only: list[dict] | None = None) -> TuneResult:
+         clock: Callable[[], float] = time.monotonic, only: list[dict] | None = None,
+         workspace_limit: int | None = None) -> TuneResult:
     """Tune ``family`` for ``spec``; record the winner in the database (when ``record``).
-    ``only``: measure these configurations against the heuristic instead of searching."""
+    ``only``: measure these configurations against the heuristic instead of searching.
+    ``workspace_limit``: search only configurations within that many bytes of workspace, from
+    the heuristic held to it (``build(..., workspace_limit=)``'s choice), and record the winner
+    for builds under the same limit."""
+    from codegen.api import check_workspace_limit
     from codegen.compile import resolve_arch
     from codegen.families import get_family
 
     fam = get_family(family)
-    first = fam.heuristic_tiles(spec, resolve_arch(None)).to_dict()
-    space = fam.tuning_space(spec) if only is None else [first] + [dict(c) for c in only if c != first]
+    check_workspace_limit(workspace_limit)
+    heuristic_tiles = fam.heuristic_tiles(spec, resolve_arch(None))
+    if workspace_limit is not None and fam.plan(spec, heuristic_tiles).workspace_bytes > workspace_limit:
+        heuristic_tiles = fam.tiles_within(spec, workspace_limit)
+    first = heuristic_tiles.to_dict()
+    space = (fam.tuning_space(spec, workspace_limit) if only is None
+             else [first] + [dict(c) for c in only if c != first])
     if not space:
         raise SpecError("family", family, "declares no tuning space")
     started = clock()
     evaluate = evaluate or gpu_evaluator(family, spec)
     bar = ProgressBar(min(max_configs, len(space)), budget) if progress else None
     trials = search(space, first, evaluate, max_configs, started + budget, seed,
-                    bar.update if bar else None, clock, fam.tuning_seeds(spec) if only is None else [])
+                    bar.update if bar else None, clock, fam.tuning_seeds(spec, workspace_limit) if only is None else [])
     if bar:
         bar.close()
     best = choose(trials, first)
     heuristic = next((t for t in trials if t.tiles == first), None)
-    result = TuneResult(family, spec, best, heuristic, trials, clock() - started, len(space))
+    result = TuneResult(family, spec, best, heuristic, trials, clock() - started, len(space), workspace_limit)
     if record and best is not None:
         device = current_device()
         if device is not None:
@@ -431,7 +458,8 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
 def _record(db: TuningDB, device: tuple[str, str], result: TuneResult, **facts: Any) -> None:
     """Record a result's winner with its time, the heuristic's and the fingerprint of its code."""
     heuristic = result.heuristic
-    db.record(result.family, result.spec, device, result.best.tiles, ms=result.best.seconds * 1e3,
+    db.record(result.family, result.spec, device, result.best.tiles, result.workspace_limit,
+              ms=result.best.seconds * 1e3,
               heuristic_ms=heuristic.seconds * 1e3 if heuristic and heuristic.status == "ok" else None,
               kernel=kernel_fingerprint(result.family, result.spec, result.best.tiles), **facts)
 
@@ -454,7 +482,7 @@ def refresh(db: TuningDB, evaluate_for: Callable[[str, ConvSpec], Callable] | No
         family, spec = entry["family"], ConvSpec.from_dict(entry["spec"])
         evaluate = evaluate_for(family, spec) if evaluate_for else None
         result = tune(family, spec, budget=REFRESH_BUDGET, max_configs=2, evaluate=evaluate, record=False,
-                      progress=progress, only=[entry["tiles"]])
+                      progress=progress, only=[entry["tiles"]], workspace_limit=entry.get("workspace_limit"))
         if result.best is not None:
             _record(db, device, result, tried=entry.get("tried"), space=entry.get("space"), refreshed=True)
         refreshed.append((entry, result))
@@ -492,7 +520,10 @@ class ProgressBar:
 
 
 def format_result(result: TuneResult, count: int = 10) -> str:
-    lines = [f"tuned {result.family} for {result.spec.describe()}",
+    from codegen.families.base import format_bytes
+
+    held = "" if result.workspace_limit is None else f", workspace held to {format_bytes(result.workspace_limit)}"
+    lines = [f"tuned {result.family} for {result.spec.describe()}{held}",
              f"space {result.space_size} configurations, tried {len(result.trials)} in {result.seconds_spent:.1f} s: "
              + ", ".join(f"{n} {s}" for s, n in _counts(result.trials).items())]
     if result.heuristic is not None and result.heuristic.status == "ok" and result.best is not None:

@@ -286,13 +286,18 @@ def test_tune_show_export_import(tmp_path, capsys):
     tune.TuningDB(db_path).record("implicit_gemm", spec, device, {"stages": 2}, ms=1.0,
                                   kernel=tune.kernel_fingerprint("implicit_gemm", spec, {"stages": 2}))
     tune.TuningDB(db_path).record("im2win", spec, device, {"stages": 2}, ms=1.0)
+    tune.TuningDB(db_path).record("implicit_gemm", spec, device, {"stages": 3}, 64 << 20, ms=1.0,
+                                  kernel=tune.kernel_fingerprint("implicit_gemm", spec, {"stages": 3}))
     assert main(["tune", "--show", "--db", str(db_path)]) == 0
     shown = capsys.readouterr().out
     assert "implicit_gemm" in shown and shown.count("[stale: timed other kernel code") == 1
     assert shown.index("[stale") > shown.index("im2win")
+    assert shown.count("for builds with --workspace-limit 64 MiB") == 1
+    limited = shown.index("--workspace-limit")
+    assert shown[limited:].splitlines()[1].strip() == "stages=3"
     assert main(["tune", "--export", str(tmp_path / "out.json"), "--db", str(db_path)]) == 0
     assert main(["tune", "--import", str(tmp_path / "out.json"), "--db", str(tmp_path / "other.json")]) == 0
-    assert "merged 2 entries" in capsys.readouterr().out
+    assert "merged 3 entries" in capsys.readouterr().out
 
 
 def test_tune_without_a_gpu_says_so(capsys):
@@ -302,6 +307,12 @@ def test_tune_without_a_gpu_says_so(capsys):
         pytest.skip("a GPU is visible")
     assert main(["tune", "implicit_gemm", "--layer", "conv8"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_tune_checks_its_workspace_limit_before_asking_for_a_gpu(capsys):
+    assert main(["tune", "im2win", "--layer", "conv9", "--workspace-limit", "190MB"]) == 2
+    err = capsys.readouterr().err
+    assert "--workspace-limit" in err and "190MB" in err and "MiB" in err
 
 
 def test_tune_layer_takes_the_other_spec_flags_as_overrides(tmp_path):

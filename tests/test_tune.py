@@ -292,3 +292,106 @@ def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monk
     assert kept["ms"] == 0.5 and kept["heuristic_ms"] == 1.0 and (kept["tried"], kept["space"]) == (40, 900)
     assert fresh[tune.entry_key("implicit_gemm", SPEC, ("another GPU", "sm_80"))]["kernel"] == "stale"
     assert tune.refresh(db, evaluate_for, progress=False) == []
+
+
+# -- tuning under a workspace limit ------------------------------------------------------------
+def _layer(name: str, layout: str) -> ConvSpec:
+    from codegen.bench import layer_spec, load_shapes, select_layers
+
+    found = select_layers(load_shapes()["conv2d_mec"] + load_shapes()["conv3d"], [name])[0]
+    return layer_spec(found, layout, found["N"])
+
+
+def _sample(space: list[dict], count: int = 12) -> list[dict]:
+    return space[:: max(1, len(space) // count)] + space[-1:]
+
+
+def test_the_space_under_a_limit_holds_only_configurations_within_it():
+    """Each family's space under a limit: every member (a sample, planned) fits, and what the
+    limit takes out is what needs the workspace: the TMA kernel (its transposed filter) and
+    larger batch chunks."""
+    gemm_spec = _layer("conv8", "NHWC")
+    free = get_family("implicit_gemm").tuning_space(gemm_spec)
+    held = get_family("implicit_gemm").tuning_space(gemm_spec, 0)
+    assert any(t["tma"] for t in free) and not any(t["tma"] for t in held)
+    assert held == [t for t in free if not t["tma"]]
+    assert not any(t["tma"] for t in get_family("implicit_gemm").tuning_seeds(gemm_spec, 0))
+    transposed = plan("implicit_gemm", gemm_spec, next(t for t in free if t["tma"])).workspace_bytes
+    assert any(t["tma"] for t in get_family("implicit_gemm").tuning_space(gemm_spec, transposed))
+
+    window_spec = _layer("conv9", "NHWC")
+    limit = 150 << 20
+    for family in ("im2win", "im2col_gemm"):
+        space = get_family(family).tuning_space(window_spec, limit)
+        assert space and all(plan(family, window_spec, t).workspace_bytes <= limit for t in _sample(space))
+        assert max(t["batch_chunk"] for t in space) < max(t["batch_chunk"] for t in
+                                                          get_family(family).tuning_space(window_spec))
+    with pytest.raises(tune.SpecError, match="needs at least"):
+        get_family("im2win").tuning_space(window_spec, 1 << 20)
+    with pytest.raises(tune.SpecError, match="needs at least"):
+        get_family("im2col_gemm").tuning_space(window_spec, 1 << 20)
+
+
+def test_tuning_under_a_limit_tries_only_what_fits_and_records_for_that_limit(tmp_path, monkeypatch):
+    """The search starts from build()'s choice under the limit, never times a configuration over
+    it, and its record serves builds under the same limit only; a build without a limit keeps
+    the heuristic."""
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    spec = _layer("conv9", "NHWC")
+    limit = 150 << 20
+    tried = []
+
+    def evaluate(batch):
+        tried.extend(batch)
+        return [tune.Trial(t, seconds=1e-3 / (1 + t["stages"] + t["block_k"] / 8), status="ok") for t in batch]
+
+    untuned = plan("im2win", spec, workspace_limit=limit).tiles.to_dict()
+    result = tune.tune("im2win", spec, budget=60, max_configs=10, evaluate=evaluate, progress=False,
+                       workspace_limit=limit)
+    assert tried[0] == untuned and untuned["batch_chunk"] < plan("im2win", spec).tiles.batch_chunk
+    assert len(tried) == 10 and all(plan("im2win", spec, t).workspace_bytes <= limit for t in tried)
+    db = tune.TuningDB()
+    assert db.lookup("im2win", spec, DEVICE, limit) == result.best.tiles != tried[0]
+    assert db.lookup("im2win", spec, DEVICE) is None
+    assert plan("im2win", spec, workspace_limit=limit).tiles.to_dict() == result.best.tiles
+    assert plan("im2win", spec).tiles == get_family("im2win").default_tiles(spec)
+    assert "workspace held to 150 MiB" in tune.format_result(result)
+
+
+def test_a_build_under_a_limit_takes_its_record_then_the_unlimited_one_where_it_fits(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    spec = _layer("conv9", "NHWC")
+    heuristic = get_family("im2win").default_tiles(spec).to_dict()
+    unlimited = dict(heuristic, stages=2)
+    small = dict(get_family("im2win").tiles_within(spec, 100 << 20).to_dict(), stages=4)
+    db = tune.TuningDB()
+    db.record("im2win", spec, DEVICE, unlimited, kernel=tune.kernel_fingerprint("im2win", spec, unlimited))
+    db.record("im2win", spec, DEVICE, small, 100 << 20, kernel=tune.kernel_fingerprint("im2win", spec, small))
+    need = plan("im2win", spec, unlimited).workspace_bytes
+    assert plan("im2win", spec).tiles.to_dict() == unlimited
+    assert plan("im2win", spec, workspace_limit=100 << 20).tiles.to_dict() == small
+    assert plan("im2win", spec, workspace_limit=need).tiles.to_dict() == unlimited     # another limit, fits
+    assert plan("im2win", spec, workspace_limit=need - 1).tiles == get_family("im2win").tiles_within(spec, need - 1)
+
+
+def test_refresh_re_times_a_limited_record_against_the_heuristic_under_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    spec = _layer("conv9", "NHWC")
+    limit = 100 << 20
+    recorded = dict(get_family("im2win").tiles_within(spec, limit).to_dict(), stages=4)
+    db.record("im2win", spec, DEVICE, recorded, limit, ms=1.0, kernel="stale")
+    timed = []
+
+    def evaluate_for(family, spec):
+        def evaluate(batch):
+            timed.extend(batch)
+            return [tune.Trial(t, seconds=1e-3, status="ok") for t in batch]
+        return evaluate
+
+    tune.refresh(db, evaluate_for, progress=False)
+    assert timed == [get_family("im2win").tiles_within(spec, limit).to_dict(), recorded]
+    entry = db.entries()[tune.entry_key("im2win", spec, DEVICE, workspace_limit=limit)]
+    assert entry["workspace_limit"] == limit and tune.is_current(entry)

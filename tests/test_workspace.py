@@ -111,7 +111,8 @@ def test_a_tuned_record_over_the_limit_gives_way_to_the_heuristic_under_it(monke
 
     spec = layer("c3d_conv2", "NDHWC")
     recorded = {**plan("im2win", spec).tiles.to_dict(), "batch_chunk": 4, "stages": 2}
-    monkeypatch.setattr(tune, "tuned_tiles", lambda family, spec: recorded)
+    monkeypatch.setattr(tune, "tuned_tiles", lambda family, spec, workspace_limit=None:
+                        recorded if workspace_limit is None else None)   # tuned without a limit only
     assert plan("im2win", spec).tiles.stages == 2
     held = plan("im2win", spec, workspace_limit=300 * MIB)
     assert held.tiles.batch_chunk == 2 and held.workspace_bytes <= 300 * MIB
