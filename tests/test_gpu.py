@@ -560,7 +560,7 @@ def test_tuner_never_chooses_a_planted_wrong_candidate(tmp_path, monkeypatch):
     family = get_family("implicit_gemm")
     base = family.default_tiles(spec).to_dict()
     space = [base, dict(base, block_k=32, stages=2), dict(base, block_k=16)]
-    monkeypatch.setattr(type(family), "tuning_space", lambda self, s: space)
+    monkeypatch.setattr(type(family), "tuning_space", lambda self, s, workspace_limit=None: space)
     result = tune.tune("implicit_gemm", spec, budget=60, max_configs=10, db=tune.TuningDB(tmp_path / "t.json"),
                        progress=False)
     statuses = {json_key(t.tiles): t.status for t in result.trials}
