@@ -78,7 +78,7 @@ def _tuned_or_default(fam, spec: ConvSpec, arch: str, workspace_limit: int | Non
     was measured: a field added since (split_k) takes its declared default, not the heuristic's."""
     from codegen.tune import tuned_tiles
 
-    for limit in dict.fromkeys((workspace_limit, None)):
+    for limit in (None,) if workspace_limit is None else (workspace_limit, None):
         try:
             tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
             if tuned is not None:
