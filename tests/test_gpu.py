@@ -542,6 +542,27 @@ def test_tuning_a_small_spec_keeps_its_budget_and_picks_a_correct_configuration(
     assert relative_error(out, expected) < 1e-6
 
 
+def test_tuning_under_a_workspace_limit_times_only_what_fits_and_builds_under_it_use_it(tmp_path, monkeypatch):
+    """im2win under a limit that halves its batch chunk: every timed candidate fits, the record
+    is the one a build under the same limit takes (and runs correctly), a build without a limit
+    does not take it."""
+    from codegen import tune
+    from codegen.api import plan
+    from codegen.fuzz import relative_error
+
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    spec = ConvSpec(dims=2, layout="NHWC", n=8, c=32, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
+    limit = plan("im2win", spec).workspace_bytes // 2
+    result = tune.tune("im2win", spec, budget=20, max_configs=16, progress=False, workspace_limit=limit)
+    assert result.best is not None and result.best.status == "ok"
+    assert all(plan("im2win", spec, t.tiles).workspace_bytes <= limit for t in result.trials)
+    held = plan("im2win", spec, workspace_limit=limit)
+    assert held.tiles.to_dict() == result.best.tiles and held.workspace_bytes <= limit
+    assert plan("im2win", spec).tiles.batch_chunk == 2 * held.tiles.batch_chunk
+    out, expected = run_on_gpu("im2win", spec, result.best.tiles, 3)
+    assert relative_error(out, expected) < 1e-6
+
+
 def test_tuner_never_chooses_a_planted_wrong_candidate(tmp_path, monkeypatch):
     """Test-only switch: candidates with block_k=32 skip their last K slice (faster, wrong)."""
     from codegen import tune
