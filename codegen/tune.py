@@ -299,7 +299,8 @@ def search(space: list[dict], first: dict, evaluate: Callable[[list[dict]], list
     trials: dict[str, Trial] = {}
 
     def run(batch: list[dict]) -> None:
-        batch = [c for c in batch if json.dumps(c, sort_keys=True) not in trials][: max_configs - len(trials)]
+        fresh = {json.dumps(c, sort_keys=True): c for c in batch}      # a seed may repeat the heuristic
+        batch = [c for key, c in fresh.items() if key not in trials][: max_configs - len(trials)]
         for start in range(0, len(batch), 8):
             if clock() >= deadline:
                 return
