@@ -106,16 +106,27 @@ class Im2win(Family):
                                  WINDOW_BUDGET)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
-        """The GEMM core's space for the heuristic's batch chunk (held to ``workspace_limit``)."""
-        return _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)),
-                          self._chunk(spec, workspace_limit))
+        """The GEMM core's space for the heuristic's batch chunk (held to ``workspace_limit``), and
+        ``_shrunk_heuristic``."""
+        chunk = self._chunk(spec, workspace_limit)
+        space = _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)), chunk)
+        return space + [tiles for tiles in self._shrunk_heuristic(spec, chunk) if tiles not in space]
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
-        return _per_chunk(spec, gemm.tuning_seeds, self._chunk(spec, workspace_limit))
+        chunk = self._chunk(spec, workspace_limit)
+        return self._shrunk_heuristic(spec, chunk) + _per_chunk(spec, gemm.tuning_seeds, chunk)
 
     def _chunk(self, spec: ConvSpec, workspace_limit: int | None) -> int:
         tiles = self.default_tiles(spec) if workspace_limit is None else self.tiles_within(spec, workspace_limit)
         return tiles.batch_chunk
+
+    def _shrunk_heuristic(self, spec: ConvSpec, chunk: int) -> list[dict]:
+        """The heuristic's tiles for its own batch chunk, run at a smaller ``chunk`` (a workspace
+        limit's).  On the H100 they beat the heuristic re-derived for the smaller chunk on 6 of 10
+        layers (up to 1.16x, where the re-derived split-K is too deep) and lost on 2 (0.79x on
+        conv12), docs/perf.md GEMM v27: so the tuner times both, this one right after the heuristic."""
+        full = self.default_tiles(spec)
+        return [] if full.batch_chunk == chunk else [dict(full.to_dict(), batch_chunk=chunk)]
 
     def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
