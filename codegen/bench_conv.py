@@ -7,8 +7,10 @@ im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
 events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
-peak of PyTorch's allocator during the call minus the output.  The ablation reruns im2win with
-one optimisation removed at a time.  While each layer is timed, ``codegen.clocks`` samples the
+peak of PyTorch's allocator during the call minus the output.  im2win runs again held to cuDNN's
+extra memory on the layer (``workspace_limit``: a smaller batch chunk), so the table shows where
+that target is reachable and what it costs.  The ablation reruns im2win with one optimisation
+removed at a time.  While each layer is timed, ``codegen.clocks`` samples the
 SM clock and the power cap: on the compute-bound layers the card runs at its power limit, and a
 figure is only comparable with the clock it ran at.
 """
@@ -31,6 +33,9 @@ FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
 DIRECT_CANDIDATES = ("tiled_tma", "tiled_register", "tiled_halo", "basic")
 FP32_PEAK_TFLOPS = 67.0
 """H100 SXM fp32 FMA datasheet peak; the target is 75% of it (50 TFLOP/s)."""
+WITHIN_CUDNN = "within cuDNN"
+"""The variant of im2win held to cuDNN's extra memory on the layer."""
+MEASURED = ("tiles", "extra_bytes", "relative_error_vs_cudnn", "ms", "tflops", "speedup_vs_cudnn", "skipped")
 
 
 def extra_bytes(plan) -> int:
@@ -97,12 +102,32 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         timed.append((row, lambda: kernel.launch([x, w], y), repeats if family != "direct" else max(2, repeats // 3)))
         return row
 
+    def within_cudnn() -> dict:
+        """im2win held to cuDNN's extra memory (workspace plus its row table), or why it cannot be:
+        the heuristic's own row again (marked ``same_as_heuristic``) where it already fits."""
+        row = {**common, "family": "im2win", "variant": WITHIN_CUDNN, "ablation": None}
+        heuristic = im2win.FAMILY.default_tiles(spec)
+        whole = im2win.FAMILY.plan(spec, heuristic)
+        table = extra_bytes(whole) - whole.workspace_bytes
+        row["least_extra_bytes"] = im2win.window_bytes_per_image(spec) + table
+        if extra_bytes(whole) <= cudnn_extra:
+            return {**row, "same_as_heuristic": True}
+        try:
+            tiles = im2win.FAMILY.tiles_within(spec, max(0, cudnn_extra - table))
+        except SpecError as err:
+            return {**row, "skipped": str(err)}
+        prepared = prepare("im2win", WITHIN_CUDNN, tiles.to_dict())
+        prepared["least_extra_bytes"] = row["least_extra_bytes"]
+        return prepared
+
     groups: list[list[dict]] = []   # one row per group in the result; the direct group keeps its fastest
     for family in families:
         if family == "direct":
             groups.append([prepare("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES])
             continue
         groups.append([prepare(family, "heuristic", get_family(family).default_tiles(spec).to_dict())])
+        if family == "im2win":
+            groups.append([within_cudnn()])
         if family == "implicit_gemm" and implicit_gemm.tma_suits(spec):
             groups.append([prepare(family, "tma", implicit_gemm.FAMILY.tma_tiles(spec).to_dict())])
         if tuned and family in ("implicit_gemm", "im2win"):
@@ -131,6 +156,10 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
         measured = [r for r in group if "ms" in r]
         rows.append(min(measured, key=lambda r: r["ms"]) if measured else group[0])
         rows[-1].update(cudnn_ms=cudnn_seconds * 1e3, cudnn_tflops=flops / cudnn_seconds / 1e12, clock=clock)
+    heuristic = next((r for r in rows if r["family"] == "im2win" and r["variant"] == "heuristic"), {})
+    for row in rows:
+        if row.get("same_as_heuristic"):
+            row.update({key: heuristic[key] for key in MEASURED if key in heuristic})
     del x, w, y, case
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()
@@ -163,9 +192,11 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     return results
 
 
-SERIES = ("heuristic", "tma", "tuned")
+SERIES = ("heuristic", "tma", "tuned", WITHIN_CUDNN)
 """The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
-TMA kernel (layers it takes, channels-first ones with A gathered), and the tuning database's choice."""
+TMA kernel (layers it takes, channels-first ones with A gathered), the tuning database's choice,
+and im2win held to cuDNN's extra memory."""
+HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "tuned": "(tuned)", WITHIN_CUDNN: "(<=cuDNN MiB)"}
 
 
 def _series(row: dict) -> str:
@@ -180,7 +211,7 @@ def format_table(results: list[dict]) -> str:
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
     has_clock = any(r.get("clock") for r in results)
     columns = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
-        f" {f if v == 'heuristic' else f'({v})':>13}" for f, v in families)
+        f" {HEADINGS[v].format(family=f):>13}" for f, v in families)
     head = columns + (f" {'MHz':>5} {'cap':>4}" if has_clock else "")
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", columns, "-" * len(columns)]
@@ -194,7 +225,8 @@ def format_table(results: list[dict]) -> str:
         for f, v in families:
             r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
-                missing = "not tuned" if r and r["skipped"].startswith("no tuned") else "refused" if r else "-"
+                missing = ("-" if r is None else "not tuned" if r["skipped"].startswith("no tuned")
+                           else _needs(r["least_extra_bytes"]) if v == WITHIN_CUDNN else "refused")
                 cells.append(f" {missing:>13}")
                 mem.append(f" {'-':>13}")
                 continue
@@ -209,7 +241,7 @@ def format_table(results: list[dict]) -> str:
     if has_clock:
         lines.append("MHz: median SM clock while the layer was timed; cap: share of those samples with the power "
                      "cap holding the clock down")
-    text = "\n".join(lines + [""] + memory)
+    text = "\n".join(lines + [""] + memory + _within_cudnn_summary(results))
     if ablation:
         base = {(r["layer"], r["layout"]): r for r in results
             if r["family"] == "im2win" and r["variant"] == "heuristic" and "ms" in r}
@@ -220,6 +252,30 @@ def format_table(results: list[dict]) -> str:
             text += (f"{key[0]:11} {key[1]:6} {full['tflops']:6.1f} {values.get('micro_kernel', math.nan):7.1f} "
                      f"{values.get('vectorized', math.nan):8.1f} {values.get('prefetch', math.nan):9.1f}\n")
     return text
+
+
+def _needs(least: int) -> str:
+    mib = least / 2**20
+    return f"needs {mib:.0f} MiB" if mib >= 10 else f"needs {mib:.1f} MiB"
+
+
+def _within_cudnn_summary(results: list[dict]) -> list[str]:
+    """The memory target in words: on how many layers im2win's extra memory is at or below cuDNN's
+    as the heuristic runs it, on how many more held to it, at what speed, and what the rest need."""
+    within = [r for r in results if r["variant"] == WITHIN_CUDNN]
+    if not within:
+        return []
+    fits = [r for r in within if r.get("same_as_heuristic")]
+    held = [r for r in within if "ms" in r and not r.get("same_as_heuristic")]
+    base = {(r["layer"], r["layout"]): r for r in results if r["family"] == "im2win" and r["variant"] == "heuristic"
+            and "ms" in r}
+    ratios = [r["tflops"] / base[(r["layer"], r["layout"])]["tflops"] for r in held if (r["layer"], r["layout"]) in base]
+    span = sorted({f"{ratio:.2f}" for ratio in (min(ratios), max(ratios))}) if ratios else []
+    speed = f" at {'-'.join(span)}x the heuristic's speed" if ratios else ""
+    rest = len(within) - len(fits) - len(held)
+    return ["", f"(<=cuDNN MiB): im2win at or below cuDNN's extra memory on {len(fits)} of {len(within)} layers as "
+            f"the heuristic runs it, on {len(held)} more with a smaller batch chunk{speed}; on {rest} even one "
+            f"image's window tensor needs more (the 'needs' figure)"]
 
 
 def plot(results: list[dict], path: Path) -> bool:
@@ -236,7 +292,8 @@ def plot(results: list[dict], path: Path) -> bool:
         return False
     keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))
     labels = [f"{layer}\n{layout}" for layer, layout in keys]
-    families = [(f, v) for f in FAMILIES for v in SERIES[:2] if any(r["family"] == f and _series(r) == v for r in main)]
+    families = [(f, v) for f in FAMILIES for v in ("heuristic", "tma", WITHIN_CUDNN)
+                if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel
     fig, axes = plt.subplots(panels, 1, figsize=(max(10, len(keys) * 0.9), 11 * panels / 3))

@@ -467,3 +467,34 @@ def test_run_reports_tflops_for_convolutions_and_gb_per_second_for_transforms():
     assert rate(plan("direct", spec), 1e-6).endswith("TFLOP/s (2 x multiply-adds, padding taps included)")
     moved = (2 * 10 * 10 * 4 + 36 * 200) * 4
     assert rate(plan("im2col", spec), 1e-6) == f"{moved / 1e-6 / 1e9:.1f} GB/s (bytes read once + written once)"
+
+
+def test_bench_conv_table_says_where_im2win_meets_cudnns_memory():
+    """The im2win column held to cuDNN's extra memory: the heuristic's own figure where it fits,
+    the held kernel's where a smaller chunk does, what one image needs where nothing does, and a
+    summary line that counts them."""
+    from codegen.bench_conv import format_table
+
+    def row(layer, variant, tflops, extra, **more):
+        return {"family": "im2win", "variant": variant, "layer": layer, "layout": "NHWC", "ablation": None,
+                "ms": 1.0, "tflops": tflops, "speedup_vs_cudnn": tflops / 40, "extra_bytes": extra << 20,
+                "cudnn_tflops": 40.0, "cudnn_extra_bytes": 200 << 20, **more}
+
+    text = format_table([
+        row("conv5", "heuristic", 30.0, 100), row("conv5", "within cuDNN", 30.0, 100, same_as_heuristic=True),
+        row("conv9", "heuristic", 30.0, 284), row("conv9", "within cuDNN", 27.2, 142),
+        row("conv4", "heuristic", 32.0, 332),
+        {key: value for key, value in row("conv4", "within cuDNN", 0, 0).items()
+         if key not in ("ms", "tflops", "speedup_vs_cudnn", "extra_bytes")}
+        | {"skipped": "im2win needs at least 297 MiB", "least_extra_bytes": 297 << 20}])
+    assert "needs 297 MiB" in text
+    lines = text.splitlines()
+    assert lines[1].split() == ["layer", "layout", "cuDNN", "im2win", "(<=cuDNN", "MiB)"]
+    assert lines[3].split()[3:] == ["30.0", "(0.75)", "30.0", "(0.75)"]
+    assert lines[4].split()[3:] == ["30.0", "(0.75)", "27.2", "(0.68)"]
+    assert lines[5].split()[3:] == ["32.0", "(0.80)", "needs", "297", "MiB"]
+    memory = lines[lines.index("extra device memory, MiB") + 3:][:3]
+    assert [m.split()[3:] for m in memory] == [["100.0", "100.0"], ["284.0", "142.0"], ["332.0", "-"]]
+    assert lines[-1] == ("(<=cuDNN MiB): im2win at or below cuDNN's extra memory on 1 of 3 layers as the heuristic "
+                         "runs it, on 1 more with a smaller batch chunk at 0.91x the heuristic's speed; on 1 even "
+                         "one image's window tensor needs more (the 'needs' figure)")
