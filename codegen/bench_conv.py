@@ -226,7 +226,8 @@ def format_table(results: list[dict]) -> str:
             r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
                 missing = ("-" if r is None else "not tuned" if r["skipped"].startswith("no tuned")
-                           else _needs(r["least_extra_bytes"]) if v == WITHIN_CUDNN else "refused")
+                           else _needs(r["least_extra_bytes"]) if v == WITHIN_CUDNN and not r.get("same_as_heuristic")
+                           else "refused")
                 cells.append(f" {missing:>13}")
                 mem.append(f" {'-':>13}")
                 continue
