@@ -225,10 +225,7 @@ def format_table(results: list[dict]) -> str:
         for f, v in families:
             r = keyed.get((layer, layout, f, v))
             if r is None or "ms" not in r:
-                missing = ("-" if r is None else "not tuned" if r["skipped"].startswith("no tuned")
-                           else _needs(r["least_extra_bytes"]) if v == WITHIN_CUDNN and not r.get("same_as_heuristic")
-                           else "refused")
-                cells.append(f" {missing:>13}")
+                cells.append(f" {_missing(r):>13}")
                 mem.append(f" {'-':>13}")
                 continue
             cells.append(f" {r['tflops']:6.1f} ({r['speedup_vs_cudnn']:4.2f})")
@@ -255,9 +252,17 @@ def format_table(results: list[dict]) -> str:
     return text
 
 
-def _needs(least: int) -> str:
-    mib = least / 2**20
-    return f"needs {mib:.0f} MiB" if mib >= 10 else f"needs {mib:.1f} MiB"
+def _missing(row: dict | None) -> str:
+    """The cell of a kernel without a time: no such row, no tuned record, what one image of im2win
+    needs where no chunk fits cuDNN's memory, or a refusal."""
+    if row is None:
+        return "-"
+    if row["skipped"].startswith("no tuned"):
+        return "not tuned"
+    if row["variant"] == WITHIN_CUDNN and not row.get("same_as_heuristic"):
+        mib = row["least_extra_bytes"] / 2**20
+        return f"needs {mib:.0f} MiB" if mib >= 10 else f"needs {mib:.1f} MiB"
+    return "refused"
 
 
 def _within_cudnn_summary(results: list[dict]) -> list[str]:
