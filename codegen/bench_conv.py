@@ -1,5 +1,6 @@
 """``convgen bench conv``: the convolution families against cuDNN fp32 on the twelve layers and
-the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU).
+the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU), or on the layers
+of a ``--shapes`` file.
 
 Per layer: implicit GEMM (and, on layers it takes, its sm_90 TMA kernel), im2win,
 im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import CudnnCase, layer_spec, load_shapes, median_seconds, select_layers, tiles_for
+from codegen.bench import CudnnCase, benchmark_layers, layer_spec, median_seconds, tiles_for
 from codegen.clocks import ClockSampler, describe, sampler_for_current_device
 from codegen.spec import ConvSpec
 
@@ -166,12 +167,18 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     return rows
 
 
+LAYER_GROUPS = ("conv2d_mec", "conv3d")
+"""The groups of shapes.json that ``bench conv`` runs by default: the twelve layers and the 3D ones."""
+
+
 def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("NCHW", "NCDHW"), layers=None,
-               families=FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv") -> list[dict]:
-    shapes = load_shapes()
+               families=FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv",
+               source: str = "shapes.json") -> list[dict]:
+    """``layers``: the layer dicts to run (``bench.benchmark_layers``; default every layer of
+    ``LAYER_GROUPS``), named in the plot's title by ``source``, the file they came from."""
     results: list[dict] = []
     start = time.perf_counter()
-    chosen = select_layers(shapes["conv2d_mec"] + shapes["conv3d"], layers)
+    chosen = benchmark_layers(LAYER_GROUPS) if layers is None else layers
     with sampler_for_current_device() as sampler:
         for index, layer in enumerate(chosen, 1):
             dims = 3 if "D" in layer else 2
@@ -188,7 +195,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
         print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
-    plot(results, out_dir / f"{name}.png")
+    plot(results, out_dir / f"{name}.png", source)
     return results
 
 
@@ -210,7 +217,8 @@ def format_table(results: list[dict]) -> str:
     families = [(f, v) for f in families for v in SERIES if any(
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
     has_clock = any(r.get("clock") for r in results)
-    columns = f"{'layer':11} {'layout':6} {'cuDNN':>6}" + "".join(
+    width = max([11] + [len(r["layer"]) for r in results])
+    columns = f"{'layer':{width}} {'layout':6} {'cuDNN':>6}" + "".join(
         f" {HEADINGS[v].format(family=f):>13}" for f, v in families)
     head = columns + (f" {'MHz':>5} {'cap':>4}" if has_clock else "")
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
@@ -233,21 +241,21 @@ def format_table(results: list[dict]) -> str:
         clock = first.get("clock")
         clock_cells = (f" {clock['sm_mhz_median']:5.0f} {100 * clock['power_capped_share']:3.0f}%" if clock
                        else f" {'-':>5} {'-':>4}") if has_clock else ""
-        lines.append(f"{layer:11} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells) + clock_cells)
-        memory.append(f"{layer:11} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
+        lines.append(f"{layer:{width}} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells) + clock_cells)
+        memory.append(f"{layer:{width}} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     if has_clock:
         lines.append("MHz: median SM clock while the layer was timed; cap: share of those samples with the power "
                      "cap holding the clock down")
-    text = "\n".join(lines + [""] + memory + _within_cudnn_summary(results))
+    text = "\n".join(lines + _speed_summary(results) + [""] + memory + _within_cudnn_summary(results))
     if ablation:
         base = {(r["layer"], r["layout"]): r for r in results
             if r["family"] == "im2win" and r["variant"] == "heuristic" and "ms" in r}
         text += "\n\nim2win ablation: TFLOP/s with one optimisation removed (full im2win in the first column)\n"
-        text += f"{'layer':11} {'layout':6} {'full':>6} {'-micro':>7} {'-vector':>8} {'-prefetch':>9}\n"
+        text += f"{'layer':{width}} {'layout':6} {'full':>6} {'-micro':>7} {'-vector':>8} {'-prefetch':>9}\n"
         for key, full in base.items():
             values = {r["ablation"]: r["tflops"] for r in ablation if (r["layer"], r["layout"]) == key}
-            text += (f"{key[0]:11} {key[1]:6} {full['tflops']:6.1f} {values.get('micro_kernel', math.nan):7.1f} "
+            text += (f"{key[0]:{width}} {key[1]:6} {full['tflops']:6.1f} {values.get('micro_kernel', math.nan):7.1f} "
                      f"{values.get('vectorized', math.nan):8.1f} {values.get('prefetch', math.nan):9.1f}\n")
     return text
 
@@ -263,6 +271,25 @@ def _missing(row: dict | None) -> str:
         mib = row["least_extra_bytes"] / 2**20
         return f"needs {mib:.0f} MiB" if mib >= 10 else f"needs {mib:.1f} MiB"
     return "refused"
+
+
+def _speed_summary(results: list[dict]) -> list[str]:
+    """Each family as ``build()`` runs it without tuning (the heuristic's row; direct's fastest
+    variant) against cuDNN, in one line: on how many layers it is at least as fast, the geometric mean of its ratios, and its
+    slowest layer."""
+    lines = []
+    for family in FAMILIES:
+        rows = [r for r in results if r["family"] == family and _series(r) == "heuristic" and not r["ablation"]
+                and "ms" in r]
+        if not rows:
+            continue
+        ratios = [r["speedup_vs_cudnn"] for r in rows]
+        worst = min(rows, key=lambda r: r["speedup_vs_cudnn"])
+        mean = math.exp(statistics.fmean(math.log(ratio) for ratio in ratios))
+        lines.append(f"{family}: at least cuDNN's speed on {sum(ratio >= 1 for ratio in ratios)} of {len(rows)}, "
+                     f"geometric mean {mean:.2f}x, slowest {worst['speedup_vs_cudnn']:.2f}x "
+                     f"({worst['layer']} {worst['layout']})")
+    return lines
 
 
 def _within_cudnn_summary(results: list[dict]) -> list[str]:
@@ -284,7 +311,7 @@ def _within_cudnn_summary(results: list[dict]) -> list[str]:
             f"image's window tensor needs more (the 'needs' figure)"]
 
 
-def plot(results: list[dict], path: Path) -> bool:
+def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
     """TFLOP/s per layer and family with cuDNN (Figure 2), extra memory (Figure 3), ablation (Figure 4)."""
     try:
         import matplotlib
@@ -333,7 +360,7 @@ def plot(results: list[dict], path: Path) -> bool:
         ax.set_xticks(xs + 0.4 - width / 2)
         ax.set_xticklabels(labels, fontsize=7)
         ax.legend(fontsize=7, ncol=4)
-    axes[0].set_title("fp32 convolution, batch as in shapes.json, H100 (same run)")
+    axes[0].set_title(f"fp32 convolution, batch as in {source}, H100 (same run)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

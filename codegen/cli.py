@@ -262,10 +262,19 @@ def cmd_fuzz(args) -> int:
     return 1
 
 
+CONV_FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
+"""What ``bench conv --families`` can choose from (``bench_conv.FAMILIES``, which a test keeps equal)."""
+
+
 def cmd_bench(args) -> int:
-    _require_gpu("convgen bench")
     from codegen import bench
 
+    if args.family != "conv":
+        given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families)) if value), None)
+        if given:
+            raise Fail(f"{given} is taken by 'bench conv' only; 'bench {args.family}' runs the layers of the "
+                       "package's shapes.json")
+        _require_gpu("convgen bench")
     if args.family == "direct":
         results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers)
         print(bench.format_direct_table(results))
@@ -273,10 +282,15 @@ def cmd_bench(args) -> int:
     if args.family == "conv":
         from codegen import bench_conv
 
+        layers = bench.select_layers(bench.benchmark_layers(bench_conv.LAYER_GROUPS, args.shapes), args.layers)
+        _require_gpu("convgen bench")
         layouts = tuple(args.layouts or ("NCHW", "NCDHW"))
-        name = "conv" if layouts == ("NCHW", "NCDHW") else "conv-" + "-".join(l.lower() for l in layouts)
-        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts,
-                                        layers=args.layers, ablation=not args.no_ablation, tuned=args.tuned, name=name)
+        name = "-".join(["conv"] + ([Path(args.shapes).stem] if args.shapes else [])
+                        + ([l.lower() for l in layouts] if layouts != ("NCHW", "NCDHW") else []))
+        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts, layers=layers,
+                                        families=tuple(args.families or CONV_FAMILIES),
+                                        ablation=not args.no_ablation, tuned=args.tuned, name=name,
+                                        source=Path(args.shapes).name if args.shapes else "shapes.json")
         print(bench_conv.format_table(results))
         return 0
     results = bench.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
@@ -327,8 +341,8 @@ def cmd_tune(args) -> int:
     if args.tile:
         raise Fail("tune searches the tiles itself; drop --tile")
     limit = workspace_limit_from_args(args)
-    _require_gpu("convgen tune")
     spec = tune_spec(args)
+    _require_gpu("convgen tune")
     result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db,
                        workspace_limit=limit)
     print(tune.format_result(result, args.top))
@@ -343,13 +357,14 @@ def tune_spec(args) -> ConvSpec:
     """The spec to tune: --layer's from shapes.json (channels-first unless --layout says otherwise),
     with any other spec flag given overriding the layer's field, as flags override a --spec file."""
     if not args.layer:
+        if args.shapes:
+            raise Fail("--shapes is the file --layer picks from; give --layer too")
         return spec_from_args(args)
     if args.spec:
         raise Fail("give --layer or --spec, not both")
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench import benchmark_layers, layer_spec
 
-    shapes = load_shapes()
-    layers = {l["name"]: l for group in ("conv2d_mec", "conv3d", "filter2d") for l in shapes[group]}
+    layers = {l["name"]: l for l in benchmark_layers(("conv2d_mec", "conv3d", "filter2d"), args.shapes)}
     if args.layer not in layers:
         raise SpecError("--layer", args.layer, f"must be one of {', '.join(layers)}")
     layer = layers[args.layer]
@@ -446,7 +461,16 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz_cmd.add_argument("--examples", type=int, default=100, help="specs to check (default 100)")
     fuzz_cmd.add_argument("--seed", type=int, help="random seed, for a repeatable search")
 
-    bench_cmd = sub.add_parser("bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)")
+    bench_cmd = sub.add_parser(
+        "bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)",
+        epilog="examples:\n  convgen bench conv --layers conv4 conv8 c3d_conv2\n"
+        "  convgen bench conv --layouts NHWC NDHWC --no-ablation\n"
+        "  convgen bench conv --shapes my_net.json --families implicit_gemm --no-ablation\n"
+        "      (your layers, in the form of codegen/shapes.json: {\"layers\": [{\"name\": \"res2a\", \"N\": 32, "
+        "\"C\": 64, \"H\": 56,\n       \"W\": 56, \"K\": 64, \"R\": 3, \"S\": 3, \"padding\": 1}]}; "
+        "3D layers add D and T; stride, padding\n       and dilation default to 1, 0, 1)\n"
+        "  convgen bench im2col --layouts NCHW NHWC --out bench-out",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct", "conv"),
                            help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN, "
                            "and im2win again held to cuDNN's extra memory on the layer ('(<=cuDNN MiB)': its speed, "
@@ -460,7 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--no-ablation", action="store_true", help="conv: skip the im2win ablation")
     bench_cmd.add_argument("--tuned", action="store_true", help="conv: also run the tuning database's "
                            "configurations (tuned against heuristic against cuDNN)")
-    bench_cmd.add_argument("--layers", nargs="+", help="layer names of shapes.json (default all the family runs on; 'direct' also takes filter_r1..filter_r4)")
+    bench_cmd.add_argument("--layers", nargs="+", help="layer names of shapes.json or of --shapes (default all the "
+                           "family runs on; 'direct' also takes filter_r1..filter_r4)")
+    bench_cmd.add_argument("--shapes", metavar="FILE.json", help="conv: run the layers of FILE.json instead of "
+                           "shapes.json (every layer in it, 2D and 3D; each layer's N is its batch); writes "
+                           "conv-<FILE>[-<layouts>].json and .png")
+    bench_cmd.add_argument("--families", nargs="+", choices=CONV_FAMILIES, metavar="FAMILY",
+                           help=f"conv: the families to run (default all: {', '.join(CONV_FAMILIES)}); cuDNN "
+                           "always runs")
     bench_cmd.add_argument("--repeats", type=int, default=10, help="timed launches per median (default 10); conv "
                            "takes that median in 3 rounds that time cuDNN and every kernel in turn, and reports "
                            "the median round")
@@ -484,6 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_flags(tune_cmd)
     tune_cmd.add_argument("--layer", help="take the spec from shapes.json (e.g. conv4, c3d_conv2); spec flags given "
                           "as well override its fields (--layout NHWC --dpitch 64, --n 32)")
+    tune_cmd.add_argument("--shapes", metavar="FILE.json", help="the file --layer picks from instead of shapes.json "
+                          "(the form 'convgen bench --help' shows)")
     tune_cmd.add_argument("--budget", type=float, default=60.0, help="seconds of tuning (default 60)")
     tune_cmd.add_argument("--max-configs", type=int, default=200, help="configurations to try at most (default 200)")
     tune_cmd.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")

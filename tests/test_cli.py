@@ -342,6 +342,104 @@ def test_bench_layers_are_checked_before_any_gpu_work():
         select_layers(shapes, ["filter_r5"])
 
 
+LAYER = {"name": "res2a", "N": 2, "C": 3, "H": 8, "W": 8, "K": 4, "R": 3, "S": 3}
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"layers": [{**LAYER, "stirde": 2}]}, "shapes.json: res2a.stirde=2 is invalid: not a field of a 2D layer; "
+                                           "those are name, N, C, H, W, K, R, S, stride, padding, dilation"),
+    ([{key: value for key, value in LAYER.items() if key != "K"}], "res2a.K=None is invalid: missing"),
+    ([{**LAYER, "D": 4}], "res2a.T=None is invalid: missing; a 3D layer gives name, N, C, D, H, W, K, T, R, S"),
+    ([{**LAYER, "stride": [1, 1, 1]}], "res2a.stride=[1, 1, 1] is invalid: must be one whole number or a list of 2"),
+    ([{**LAYER, "C": 0}], "res2a.C=0 is invalid: must be a whole number >= 1"),
+    ([{**LAYER, "C": 2.5}], "res2a.C=2.5 is invalid"),
+    ([{**LAYER, "H": 2}], "res2a: filter_size=(3, 3) is invalid: the dilated filter spans 3 along H"),
+    ([{**LAYER, "name": ""}], "layers[0].name='' is invalid: must be a non-empty string"),
+    ([LAYER, LAYER], "name='res2a' is invalid: names a layer twice"),
+    ([3], "layers[0]=3 is invalid: a layer is an object"),
+    ({"note": "nothing else"}, "holds no layers"),
+    ("{not json", "must be a readable JSON file"),
+])
+def test_a_shapes_file_is_checked_before_any_gpu_work(content, words, tmp_path, capsys):
+    """Each field of each layer of a --shapes file, named with the file and the layer, on a
+    machine without a GPU (the GPU check comes after)."""
+    path = tmp_path / "shapes.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert main(["bench", "conv", "--shapes", str(path)]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_shapes_files_give_every_layer_with_its_geometry_per_dimension(tmp_path):
+    """The package's own shapes.json and docs/shapes/unseen.json read as --shapes files; stride,
+    padding and dilation default to PyTorch's and broadcast over the dimensions; the layers are
+    what --layers selects from, and they become the specs the benchmark runs."""
+    from pathlib import Path
+
+    from codegen.bench import benchmark_layers, layer_spec, load_shapes, read_shapes_file, select_layers
+
+    root = Path(__file__).resolve().parent.parent
+    package = load_shapes()
+    assert len(read_shapes_file(root / "codegen" / "shapes.json")) == sum(
+        len(group) for group in package.values() if isinstance(group, list))
+    unseen = read_shapes_file(root / "docs" / "shapes" / "unseen.json")
+    assert len(unseen) == 32 and {layer["group"] for layer in unseen} == {"resnet50_b32", "other_nets"}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([LAYER, {**LAYER, "name": "down", "D": 4, "T": 1, "stride": 2, "padding": [0, 1, 1]}]))
+    flat, deep = select_layers(benchmark_layers(("conv2d_mec",), path), ["down", "res2a"])
+    assert (flat["stride"], flat["padding"], flat["dilation"], flat["group"]) == ([1, 1], [0, 0], [1, 1], "layers")
+    assert (deep["stride"], deep["padding"]) == ([2, 2, 2], [0, 1, 1])
+    spec = layer_spec(deep, "NDHWC", deep["N"])
+    assert (spec.input_size, spec.filter_size, spec.stride, spec.padding) == ((4, 8, 8), (1, 3, 3), (2, 2, 2), (0, 1, 1))
+    assert [l["name"] for l in benchmark_layers(("conv3d",))] == [l["name"] for l in package["conv3d"]]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "im2col", "--shapes", "x.json"], "--shapes is taken by 'bench conv' only"),
+    (["bench", "direct", "--families", "im2win"], "--families is taken by 'bench conv' only"),
+    (["tune", "implicit_gemm", "--shapes", "docs/shapes/unseen.json"], "--shapes is the file --layer picks from"),
+    (["tune", "implicit_gemm", "--shapes", "docs/shapes/unseen.json", "--layer", "conv4"],
+     "--layer='conv4' is invalid: must be one of r50_stem"),
+    (["bench", "conv", "--shapes", "docs/shapes/unseen.json", "--layers", "conv4"],
+     "--layers='conv4' is invalid: must be among r50_stem"),
+])
+def test_shapes_and_families_are_refused_where_they_do_not_apply(argv, words, capsys, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_bench_conv_families_flag_offers_every_family_the_benchmark_runs():
+    from codegen.bench_conv import FAMILIES
+    from codegen.cli import CONV_FAMILIES
+
+    assert CONV_FAMILIES == FAMILIES
+
+
+def test_bench_conv_table_counts_where_each_family_meets_cudnn():
+    """One line per family as build() runs it (the heuristic row, direct's fastest variant): how
+    often at least cuDNN's speed, the geometric mean ratio, the slowest layer; TMA, tuned and
+    ablation rows do not count; long layer names keep the columns aligned."""
+    from codegen.bench_conv import format_table
+
+    def row(layer, family, variant, ratio, ablation=None):
+        return {"family": family, "variant": variant, "layer": layer, "layout": "NCHW", "ablation": ablation,
+                "ms": 1.0, "tflops": 40 * ratio, "speedup_vs_cudnn": ratio, "extra_bytes": 0,
+                "cudnn_tflops": 40.0, "cudnn_extra_bytes": 0}
+
+    text = format_table([row("r2plus1d_spatial", "implicit_gemm", "heuristic", 1.44),
+                         row("r2plus1d_spatial", "implicit_gemm", "tma", 0.5),
+                         row("r2plus1d_spatial", "direct", "tiled_halo", 0.2),
+                         row("conv9", "implicit_gemm", "heuristic", 0.9), row("conv9", "implicit_gemm", "tuned", 2.0),
+                         row("conv9", "im2win", "without prefetch", 0.1, "prefetch")])
+    lines = text.splitlines()
+    assert "implicit_gemm: at least cuDNN's speed on 1 of 2, geometric mean 1.14x, slowest 0.90x (conv9 NCHW)" in lines
+    assert "direct: at least cuDNN's speed on 0 of 1, geometric mean 0.20x, slowest 0.20x (r2plus1d_spatial NCHW)" in lines
+    assert not any(line.startswith("im2win:") for line in lines)
+    assert lines[1].index("layout") == lines[3].index("NCHW") == lines[4].index("NCHW") == len("r2plus1d_spatial") + 1
+
+
 def test_bench_conv_table_names_every_column_in_full():
     """The TMA and tuned columns follow their family's and say so; no family name is cut to fit;
     a layer without a TMA row (channels-first) shows a dash there."""
