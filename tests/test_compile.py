@@ -310,6 +310,21 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
         (128, 96, 16, 8, 12, 128)
 
 
+@pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
+def test_a_requested_cta_tile_gets_warp_and_thread_tiles_that_divide_it(family):
+    """block_n=64 alone on a layer whose heuristic tiles are 96 wide (conv1: 8x12 micro-tiles, warps
+    96 wide): the warp and thread tiles follow the heuristic's rule for the
+    requested tile instead of refusing a warp width the user never chose; tiles the user does name
+    are kept, and refused where they do not divide."""
+    from codegen.api import plan
+
+    conv1 = ConvSpec(dims=2, layout="NCHW", n=128, c=3, k=96, input_size=(227, 227), filter_size=11, stride=4)
+    tiles = plan(family, conv1, {"block_n": 64}, arch="sm_90").tiles
+    assert (tiles.block_n, tiles.warp_n, tiles.thread_m, tiles.thread_n) == (64, 64, 8, 8)
+    with pytest.raises(SpecError, match="tiles.block_n=64 is invalid: must be a multiple of tiles.warp_n"):
+        plan(family, conv1, {"block_n": 64, "thread_n": 12}, arch="sm_90")
+
+
 def test_register_split_kernels_compile_for_the_arch_specific_target(cache_dir):
     """setmaxnreg exists only in sm_90a: a TMA kernel with a producer warpgroup (8 consumer warps,
     or 16-row micro-tiles) built for sm_90 is compiled for sm_90a, with its consumers' registers

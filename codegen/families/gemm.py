@@ -347,9 +347,7 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     block_m = 256 if block_n == 32 else 128
     while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * SM_COUNT_HINT:
         block_m //= 2
-    thread_m, thread_n = 8, 12 if block_n == 96 else 8
-    if block_m == 32 or block_n == 32:
-        thread_m, thread_n = (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
+    thread_m, thread_n = _micro_tile(block_m, block_n)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
     block_k = 16 if gemm_k >= 64 else 8
     ctas = tile_count(gemm_m, gemm_n, block_m, block_n)
@@ -359,6 +357,35 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
         split_k = max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
     return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
                      thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k)
+
+
+def _micro_tile(block_m: int, block_n: int) -> tuple[int, int]:
+    """The heuristic's thread micro-tile for a block_m x block_n CTA tile (its docstring says why)."""
+    if block_m == 32 or block_n == 32:
+        return (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
+    return 8, 12 if block_n == 96 else 8
+
+
+SHAPE_FIELDS = ("warp_m", "warp_n", "thread_m", "thread_n")
+
+
+def complete(base: dict, requested: dict) -> dict:
+    """``requested`` tiles over ``base`` (a heuristic's).  Where the request resizes the CTA tile,
+    names no warp or thread tile and the heuristic's no longer divide it (block_n=64 on a layer
+    the heuristic gives 96-wide tiles), those come from the heuristic's own rule for the
+    requested tile instead, rather than refusing a choice the user never made."""
+    merged = {**base, **requested}
+    blocks_are_sizes = all(isinstance(merged[f], int) and merged[f] > 0 for f in ("block_m", "block_n"))
+    if merged.get("tma") or any(field in requested for field in SHAPE_FIELDS) or not blocks_are_sizes:
+        return merged   # TileParam and check_geometry name what is wrong with these
+    if merged["block_m"] % merged["warp_m"] == 0 and merged["block_n"] % merged["warp_n"] == 0:
+        return merged
+    thread_m, thread_n = _micro_tile(merged["block_m"], merged["block_n"])
+    try:
+        warp_m, warp_n = _warp_shape(merged["block_m"], merged["block_n"], thread_m, thread_n)
+    except SpecError:
+        return merged
+    return {**merged, "warp_m": warp_m, "warp_n": warp_n, "thread_m": thread_m, "thread_n": thread_n}
 
 
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:

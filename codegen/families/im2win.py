@@ -99,6 +99,10 @@ class Im2win(Family):
         core = gemm.heuristic(replace(spec, n=chunk))
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
+    def complete_tiles(self, spec: ConvSpec, requested: dict) -> Im2winTiles:
+        """Unset tiles as ``gemm.complete`` fills them from the heuristic."""
+        return Im2winTiles.from_dict(gemm.complete(self.default_tiles(spec).to_dict(), requested))
+
     def tiles_within(self, spec: ConvSpec, limit: int) -> Im2winTiles:
         """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
         shape = index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))

@@ -130,9 +130,10 @@ class ImplicitGemm(Family):
         return tiles
 
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> gemm.GemmTiles:
-        """Unset tiles come from the TMA kernel's heuristic when ``tma`` is asked for."""
+        """Unset tiles come from the TMA kernel's heuristic when ``tma`` is asked for, else as
+        ``gemm.complete`` fills them."""
         base = self.tma_tiles(spec) if requested.get("tma") else self.default_tiles(spec)
-        return gemm.GemmTiles.from_dict({**base.to_dict(), **requested})
+        return gemm.GemmTiles.from_dict(gemm.complete(base.to_dict(), requested))
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """The GEMM core's space, plus the TMA kernel's tiles (8x8 and 16x8 micro-tiles, block_m
