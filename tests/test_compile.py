@@ -310,19 +310,48 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
         (128, 96, 16, 8, 12, 128)
 
 
+@pytest.mark.parametrize("k, block_n", [(16, 32), (32, 32), (33, 48), (40, 48), (48, 48), (49, 64), (96, 96),
+                                        (128, 128), (129, 48), (144, 48), (145, 64), (192, 64), (288, 64)])
+def test_gemm_heuristic_takes_48_wide_tiles_only_where_64_wide_ones_pad_a_third(k, block_n):
+    """The channel tile (docs/perf.md GEMM v28): 48 wide, as 4x12 micro-tiles, where the usual
+    tile pads K by at least 4/3 of what 48-wide tiles pad it to (K = 40, 48, 144 ran 1.26-1.45x
+    faster), never where K fills the usual tiles (0.59-1.01x there)."""
+    from codegen.families.gemm import heuristic
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=8, c=16, k=k, input_size=(28, 28), filter_size=3, padding=1)
+    tiles = heuristic(spec)
+    assert tiles.block_n == block_n
+    if block_n == 48:
+        assert (tiles.thread_m, tiles.thread_n, tiles.warp_m, tiles.warp_n) == (4, 12, 32, 48)
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 def test_a_requested_cta_tile_gets_warp_and_thread_tiles_that_divide_it(family):
-    """block_n=64 alone on a layer whose heuristic tiles are 96 wide (conv1: 8x12 micro-tiles, warps
-    96 wide): the warp and thread tiles follow the heuristic's rule for the
+    """block_n=64 alone on layers whose heuristic tiles are 96 wide (conv1: 8x12 micro-tiles, warps
+    96 wide) or 48 wide (4x12): the warp and thread tiles follow the heuristic's rule for the
     requested tile instead of refusing a warp width the user never chose; tiles the user does name
     are kept, and refused where they do not divide."""
     from codegen.api import plan
 
     conv1 = ConvSpec(dims=2, layout="NCHW", n=128, c=3, k=96, input_size=(227, 227), filter_size=11, stride=4)
-    tiles = plan(family, conv1, {"block_n": 64}, arch="sm_90").tiles
-    assert (tiles.block_n, tiles.warp_n, tiles.thread_m, tiles.thread_n) == (64, 64, 8, 8)
+    narrow = ConvSpec(dims=2, layout="NHWC", n=64, c=16, k=48, input_size=(56, 56), filter_size=3, padding=1)
+    for spec in (conv1, narrow):
+        tiles = plan(family, spec, {"block_n": 64}, arch="sm_90").tiles
+        assert (tiles.block_n, tiles.warp_n, tiles.thread_m, tiles.thread_n) == (64, 64, 8, 8), spec
     with pytest.raises(SpecError, match="tiles.block_n=64 is invalid: must be a multiple of tiles.warp_n"):
         plan(family, conv1, {"block_n": 64, "thread_n": 12}, arch="sm_90")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NCDHW", "NDHWC"])
+def test_48_wide_heuristic_tiles_compile_without_spilling(layout, cache_dir):
+    """ptxas -v on the narrow tile in every layout, at the size of R(2+1)D's K = 144 layer."""
+    dims = len(layout) - 2
+    spec = ConvSpec(dims=dims, layout=layout, n=2, c=64, k=144, input_size=(4, 28, 28)[3 - dims:],
+                    filter_size=(1, 3, 3)[3 - dims:], padding=(0, 1, 1)[3 - dims:])
+    kernel = build("implicit_gemm", spec, arch="sm_90")
+    assert kernel.plan.tiles.block_n == 48
+    for name, resources in kernel.compiled.resources.items():
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, (name, resources)
 
 
 def test_register_split_kernels_compile_for_the_arch_specific_target(cache_dir):

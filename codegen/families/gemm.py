@@ -43,7 +43,7 @@ SPLIT_K_CTAS = 8 * SM_COUNT_HINT
 (1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568 lost 11 % in 2."""
 SPLIT_K_MIN_SLICES = 16
 """k-slices each split keeps at least, so the pipeline still has a loop to overlap."""
-MICRO_TILES = ((4, 4), (4, 8), (8, 4), (8, 8), (8, 12), (12, 8), (16, 8), (8, 16))
+MICRO_TILES = ((4, 4), (4, 8), (8, 4), (8, 8), (4, 12), (8, 12), (12, 8), (16, 8), (8, 16))
 """Thread micro-tiles (thread_m, thread_n) of the tuning space."""
 WIDE_TILES = ((128, 128, 64, 64, 16, 8), (256, 64, 128, 32, 16, 8), (256, 64, 64, 64, 8, 16),
               (128, 128, 64, 64, 8, 16))
@@ -51,6 +51,11 @@ WIDE_TILES = ((128, 128, 64, 64, 16, 8), (256, 64, 128, 32, 16, 8), (256, 64, 64
 16x8 or 8x16 outputs."""
 CONSTANT_BANK_BYTES = 65536
 """A module's ``__constant__`` data (sm_50 and later): the row table goes there when it fits."""
+NARROW_TILE = 48
+"""The CTA tile width, in output channels, that the heuristic takes where 64-wide tiles would pad
+the channels by a third or more (K = 33-48 and 129-144): 128x48 tiles of 4x12 micro-tiles ran
+1.26-1.45x faster than the 64-wide ones on K = 40, 48 and 144 (6 of 6 layer-layouts), and 0.59-1.01x
+as fast where K fills 64-wide tiles (docs/perf.md GEMM v28)."""
 REGISTER_OVERHEAD = 40
 """Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
 benchmark layers: 30-45 beyond accumulators and fragments)."""
@@ -320,7 +325,9 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
     - block_n covers the output channels tightly (32, 64, 96 or 128); above 128 channels 64-wide
-      tiles won (twice the CTAs on layers whose pixel count is small);
+      tiles won (twice the CTAs on layers whose pixel count is small); where that pads the
+      channels by a third or more and ``NARROW_TILE`` does not, 48-wide tiles of 4x12
+      micro-tiles (K = 40, 48 and 144 of docs/shapes/unseen.json: 1.26-1.45x);
     - block_m is 128 (256 when block_n is 32 and pixels abound), halved (down to 32) until the
       grid has two CTAs per SM;
     - 8x8 micro-tiles (64 FMAs per 16 floats read from shared memory) in 4x8-lane warps, the
@@ -343,7 +350,7 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     """
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
-    block_n = 64 if gemm_n > 128 else next(b for b in (32, 64, 96, 128) if gemm_n <= b)
+    block_n = _channel_tile(gemm_n)
     block_m = 256 if block_n == 32 else 128
     while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * SM_COUNT_HINT:
         block_m //= 2
@@ -361,6 +368,8 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
 
 def _micro_tile(block_m: int, block_n: int) -> tuple[int, int]:
     """The heuristic's thread micro-tile for a block_m x block_n CTA tile (its docstring says why)."""
+    if block_n == NARROW_TILE:
+        return 4, 12
     if block_m == 32 or block_n == 32:
         return (4, 8) if block_n >= 64 else (8, 4) if block_m >= 64 else (4, 4)
     return 8, 12 if block_n == 96 else 8
@@ -372,7 +381,7 @@ SHAPE_FIELDS = ("warp_m", "warp_n", "thread_m", "thread_n")
 def complete(base: dict, requested: dict) -> dict:
     """``requested`` tiles over ``base`` (a heuristic's).  Where the request resizes the CTA tile,
     names no warp or thread tile and the heuristic's no longer divide it (block_n=64 on a layer
-    the heuristic gives 96-wide tiles), those come from the heuristic's own rule for the
+    the heuristic gives 96- or 48-wide tiles), those come from the heuristic's own rule for the
     requested tile instead, rather than refusing a choice the user never made."""
     merged = {**base, **requested}
     blocks_are_sizes = all(isinstance(merged[f], int) and merged[f] > 0 for f in ("block_m", "block_n"))
@@ -388,6 +397,14 @@ def complete(base: dict, requested: dict) -> dict:
     return {**merged, "warp_m": warp_m, "warp_n": warp_n, "thread_m": thread_m, "thread_n": thread_n}
 
 
+def _channel_tile(gemm_n: int) -> int:
+    """block_n for ``gemm_n`` output channels: the tightest of 32-128 (64 above 128), or
+    ``NARROW_TILE`` where the channels that tile pads to are at least 4/3 of those 48-wide tiles pad to."""
+    block_n = 64 if gemm_n > 128 else next(b for b in (32, 64, 96, 128) if gemm_n <= b)
+    padded = {width: -(-gemm_n // width) * width for width in (block_n, NARROW_TILE)}
+    return NARROW_TILE if 3 * padded[block_n] >= 4 * padded[NARROW_TILE] else block_n
+
+
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     """Every tile configuration the tuner may try: CTA tiles 32-256 (block_n no wider than the
     channels need), block_k 8-32, the micro-tiles of ``MICRO_TILES``, four warp shapes, 2-4 stages, with and
@@ -398,7 +415,7 @@ def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
     vector_choices = (False, True) if a_vector_ok else (False,)
     space = []
     for block_m in (32, 64, 128, 256):
-        for block_n in (b for b in (32, 64, 96, 128, 256) if b <= widest):
+        for block_n in (b for b in (32, NARROW_TILE, 64, 96, 128, 256) if b <= widest):
             few_tiles = tile_count(gemm_m, gemm_n, block_m, block_n) < SPLIT_K_CTAS
             for block_k in (8, 16, 32):
                 for thread_m, thread_n in MICRO_TILES:

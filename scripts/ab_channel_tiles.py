@@ -1,0 +1,102 @@
+"""A/B of the implicit GEMM's CTA tile width along the output channels (docs/perf.md, GEMM v28),
+on the GPU: on layers whose channel count K is not a multiple of 64, the heuristic's 64-wide
+tiles leave part of every last tile idle (K = 144: a quarter of the work; K = 40: 37 %).  Each
+layer runs the heuristic and tiles 32, 48, 64, 96, 128 and 144 channels wide (8x12 micro-tiles on
+widths that are multiples of 48, and 4x12) at several block_m, split-K by the heuristic's own rule; every
+kernel is checked against cuDNN on a NaN-poisoned output and timed with cuDNN in interleaved rounds.
+
+    PYTHONPATH=$PWD python3 scripts/ab_channel_tiles.py [--shapes F] [--layouts L ...] [--out DIR] LAYER ...
+"""
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+WIDTHS = (32, 48, 64, 96, 128, 144)
+BLOCK_M = (64, 128, 256)
+THREE_D_LAYOUT = {"NCHW": "NCDHW", "NHWC": "NDHWC"}
+
+
+def candidate_tiles(spec) -> dict[str, dict]:
+    """The heuristic and every width x block_m whose geometry checks, named like '128x48'."""
+    from codegen import index
+    from codegen.families import gemm
+    from codegen.spec import SpecError
+
+    gemm_m, gemm_n, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
+    configs = {"heuristic": gemm.heuristic(spec).to_dict()}
+    for block_n in (w for w in WIDTHS if w < gemm_n + 32):
+        micro = ((8, 12), (4, 12)) if block_n % 48 == 0 else ((8, 4),) if block_n == 32 else ((8, 8),)
+        for (thread_m, thread_n), block_m in itertools.product(micro, BLOCK_M):
+            try:
+                warp_m, warp_n = gemm._warp_shape(block_m, block_n, thread_m, thread_n)
+                ctas = gemm.tile_count(gemm_m, gemm_n, block_m, block_n)
+                k_tiles = -(-gemm_k // 16)
+                split_k = (max(1, min(16, -(-gemm.SPLIT_K_CTAS // ctas), k_tiles // gemm.SPLIT_K_MIN_SLICES))
+                           if ctas < gemm.SPLIT_K_CTAS else 1)
+                tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, block_k=16, warp_m=warp_m, warp_n=warp_n,
+                                       thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False,
+                                       split_k=split_k)
+                gemm.check_geometry(tiles)
+            except SpecError:
+                continue
+            suffix = f"/{thread_m}x{thread_n}" if len(micro) > 1 else ""
+            configs.setdefault(f"{block_m}x{block_n}{suffix}", tiles.to_dict())
+    return configs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("layers", nargs="+")
+    parser.add_argument("--shapes", type=Path, default=Path("docs/shapes/unseen.json"))
+    parser.add_argument("--layouts", nargs="+", default=["NCHW", "NHWC"],
+                        help="2D layers run in the 2D layouts given, 3D layers in the matching 3D ones")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from codegen.api import build
+    from codegen.bench import CudnnCase, benchmark_layers, interleaved_medians, layer_spec, select_layers
+    from codegen.families.gemm import flops as gemm_flops
+
+    results = []
+    for layer in select_layers(benchmark_layers((), args.shapes), args.layers):
+        for layout in args.layouts:
+            layout = THREE_D_LAYOUT[layout] if "D" in layer else layout
+            spec = layer_spec(layer, layout, layer["N"])
+            case = CudnnCase(spec)
+            x, w, y = case.x, case.w, case.y
+            runs, rows = {"cuDNN": case.run_cudnn}, []
+            for name, tiles in candidate_tiles(spec).items():
+                kernel = build("implicit_gemm", spec, tiles)
+                y.fill(float("nan"))
+                kernel.launch([x, w], y)
+                main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
+                runs[name] = lambda k=kernel: k.launch([x, w], y)
+                rows.append({"layer": layer["name"], "layout": layout, "config": name,
+                             "tiles": kernel.plan.tiles.describe(), "registers": main_kernel.registers,
+                             "spill_bytes": main_kernel.spill_stores, "relative_error_vs_cudnn": case.relative_error()})
+            times = interleaved_medians(runs, args.rounds)
+            flops = gemm_flops(spec)
+            for row in rows:
+                seconds = times[row["config"]]
+                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12,
+                           vs_heuristic=times["heuristic"] / seconds, vs_cudnn=times["cuDNN"] / seconds,
+                           cudnn_tflops=flops / times["cuDNN"] / 1e12)
+            results += rows
+            best = max(rows, key=lambda r: r["tflops"])
+            print(f"[{layer['name']} {layout}] cuDNN {rows[0]['cudnn_tflops']:.1f}, heuristic {rows[0]['tflops']:.1f}, "
+                  f"best {best['config']} {best['tflops']:.1f}", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ab-channel-tiles.json").write_text(json.dumps(results, indent=1))
+    print(f"{'layer':18} {'layout':6} {'config':14} {'regs':>4} {'spill':>5} {'ms':>8} {'TFLOP/s':>8} {'vs heur':>7} "
+          f"{'vs cuDNN':>8} {'rel.err':>8}")
+    for r in results:
+        print(f"{r['layer']:18} {r['layout']:6} {r['config']:14} {r['registers']:4d} {r['spill_bytes']:5d} {r['ms']:8.3f} "
+              f"{r['tflops']:8.1f} {r['vs_heuristic']:7.3f} {r['vs_cudnn']:8.2f} {r['relative_error_vs_cudnn']:8.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
