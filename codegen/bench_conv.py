@@ -275,8 +275,8 @@ def _missing(row: dict | None) -> str:
 
 def _speed_summary(results: list[dict]) -> list[str]:
     """Each family as ``build()`` runs it without tuning (the heuristic's row; direct's fastest
-    variant) against cuDNN, in one line: on how many layers it is at least as fast, the geometric mean of its ratios, and its
-    slowest layer."""
+    variant) against cuDNN, in one line: on how many layers it is at least as fast, the
+    geometric mean of its ratios, and its slowest layer."""
     lines = []
     for family in FAMILIES:
         rows = [r for r in results if r["family"] == family and _series(r) == "heuristic" and not r["ablation"]

@@ -52,10 +52,10 @@ WIDE_TILES = ((128, 128, 64, 64, 16, 8), (256, 64, 128, 32, 16, 8), (256, 64, 64
 CONSTANT_BANK_BYTES = 65536
 """A module's ``__constant__`` data (sm_50 and later): the row table goes there when it fits."""
 NARROW_TILE = 48
-"""The CTA tile width, in output channels, that the heuristic takes where 64-wide tiles would pad
-the channels by a third or more (K = 33-48 and 129-144): 128x48 tiles of 4x12 micro-tiles ran
-1.26-1.45x faster than the 64-wide ones on K = 40, 48 and 144 (6 of 6 layer-layouts), and 0.59-1.01x
-as fast where K fills 64-wide tiles (docs/perf.md GEMM v28)."""
+"""The CTA tile width, in output channels, that the heuristic takes where its usual tile would pad
+K to at least 4/3 of what 48-wide tiles pad it to (K = 33-48 and 129-144): 128x48 tiles of 4x12 micro-tiles ran
+1.26-1.45x faster than the 64-wide ones on K = 40, 48 and 144 (6 of 6 layer-layouts), and
+0.59-1.01x as fast where K fills the usual 64- or 96-wide tiles (docs/perf.md GEMM v28)."""
 REGISTER_OVERHEAD = 40
 """Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
 benchmark layers: 30-45 beyond accumulators and fragments)."""
@@ -325,8 +325,8 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
     - block_n covers the output channels tightly (32, 64, 96 or 128); above 128 channels 64-wide
-      tiles won (twice the CTAs on layers whose pixel count is small); where that pads the
-      channels by a third or more and ``NARROW_TILE`` does not, 48-wide tiles of 4x12
+      tiles won (twice the CTAs on layers whose pixel count is small); where that tile pads K
+      to at least 4/3 of what ``NARROW_TILE``-wide tiles pad it to, 48-wide tiles of 4x12
       micro-tiles (K = 40, 48 and 144 of docs/shapes/unseen.json: 1.26-1.45x);
     - block_m is 128 (256 when block_n is 32 and pixels abound), halved (down to 32) until the
       grid has two CTAs per SM;
