@@ -31,10 +31,7 @@ def candidate_tiles(spec) -> dict[str, dict]:
         for (thread_m, thread_n), block_m in itertools.product(micro, BLOCK_M):
             try:
                 warp_m, warp_n = gemm._warp_shape(block_m, block_n, thread_m, thread_n)
-                ctas = gemm.tile_count(gemm_m, gemm_n, block_m, block_n)
-                k_tiles = -(-gemm_k // 16)
-                split_k = (max(1, min(16, -(-gemm.SPLIT_K_CTAS // ctas), k_tiles // gemm.SPLIT_K_MIN_SLICES))
-                           if ctas < gemm.SPLIT_K_CTAS else 1)
+                split_k = gemm.heuristic_split_k(gemm.tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // 16))
                 tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, block_k=16, warp_m=warp_m, warp_n=warp_n,
                                        thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False,
                                        split_k=split_k)

@@ -357,13 +357,17 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     thread_m, thread_n = _micro_tile(block_m, block_n)
     warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
     block_k = 16 if gemm_k >= 64 else 8
-    ctas = tile_count(gemm_m, gemm_n, block_m, block_n)
-    k_tiles = -(-gemm_k // block_k)
-    split_k = 1
-    if ctas < SPLIT_K_CTAS:
-        split_k = max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
+    split_k = heuristic_split_k(tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // block_k))
     return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
                      thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k)
+
+
+def heuristic_split_k(ctas: int, k_tiles: int) -> int:
+    """The heuristic's split-K for an output of ``ctas`` tiles and a K range of ``k_tiles`` slices:
+    enough splits to reach ``SPLIT_K_CTAS`` CTAs (at most 16), each keeping ``SPLIT_K_MIN_SLICES``."""
+    if ctas >= SPLIT_K_CTAS:
+        return 1
+    return max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
 
 
 def _micro_tile(block_m: int, block_n: int) -> tuple[int, int]:
