@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from codegen import __version__
+from codegen.bench_conv import FAMILIES as CONV_FAMILIES
 from codegen.spec import ConvSpec, SpecError
 
 EPILOG = """\
@@ -260,10 +261,6 @@ def cmd_fuzz(args) -> int:
     print(f"FAIL on {how}: {spec.describe()}\n  {mismatch}\nreproduce with:\n  {spec_command(args.family, spec, tiles)}"
           f"\n(seed {report.seed} repeats this search)")
     return 1
-
-
-CONV_FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
-"""What ``bench conv --families`` can choose from (``bench_conv.FAMILIES``, which a test keeps equal)."""
 
 
 def cmd_bench(args) -> int:
