@@ -216,10 +216,17 @@ def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: 
     (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched);
     ``workspace_limit`` caps the workspace in bytes (see ``plan``)."""
     arch = resolve_arch(arch)
-    kernel_plan = plan(family, spec, tiles, arch, workspace_limit)
+    return compile_plan(plan(family, spec, tiles, arch, workspace_limit), arch)
+
+
+def compile_plan(kernel_plan: KernelPlan, arch: str) -> Kernel:
+    """Render a plan and compile it (through the cache) for target ``arch``: refused first where
+    the target is older than its instructions, and built for the target's "a" variant where its
+    kernels need one (``KernelPlan.compile_arch``).  The one way from a plan to a kernel, so that
+    ``build()`` and the tuner cannot compile the same plan differently."""
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
-    compiled = compile_source(source.code, f"{family}.cu", kernel_plan.compile_arch(arch))
+    compiled = compile_source(source.code, f"{kernel_plan.family}.cu", kernel_plan.compile_arch(arch))
     return Kernel(kernel_plan, source, compiled)
 
 

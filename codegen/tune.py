@@ -358,15 +358,27 @@ def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
     return cupy.from_dlpack(y.contiguous())
 
 
+def compile_candidate(family: str, spec: ConvSpec, tiles: dict, arch: str):
+    """One candidate compiled as ``build()`` compiles it (``api.compile_plan``), or its Trial where
+    a limit refuses it or ptxas reports spills or a stack frame.  Needs no GPU."""
+    from codegen.api import compile_plan, plan
+
+    try:
+        kernel = compile_plan(plan(family, spec, tiles, arch), arch)
+    except SpecError as err:
+        return Trial(tiles, status="refused", detail=str(err))
+    bad = [f"{name}: {r.spill_stores} B spilled, {r.stack_bytes} B stack"
+           for name, r in kernel.compiled.resources.items() if r.spill_stores or r.stack_bytes]
+    return Trial(tiles, status="spills", detail="; ".join(bad)) if bad else kernel
+
+
 def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 8):
     """A batch evaluator: compile in parallel, prune on ptxas's report, check, then time."""
     import cupy
 
-    from codegen.api import Kernel, check_arch, plan
     from codegen.bench import median_seconds
-    from codegen.compile import compile_source, resolve_arch
+    from codegen.compile import resolve_arch
     from codegen.families import get_family
-    from codegen.render import render_kernels
 
     fam = get_family(family)
     host_inputs = fam.make_inputs(spec, np.random.default_rng(7))
@@ -377,24 +389,11 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     scale = float(cupy.linalg.norm(expected)) or 1.0
     out = cupy.empty(expected.shape, dtype=cupy.float32)
     pool = ThreadPoolExecutor(max_workers=workers)
-
-    def prepare(tiles: dict):
-        try:
-            kernel_plan = plan(family, spec, tiles)
-            check_arch(kernel_plan, resolve_arch(None))
-        except SpecError as err:
-            return Trial(tiles, status="refused", detail=str(err))
-        source = render_kernels(kernel_plan)
-        compiled = compile_source(source.code, f"{family}.cu")
-        bad = [f"{name}: {r.spill_stores} B spilled, {r.stack_bytes} B stack" for name, r in compiled.resources.items()
-               if r.spill_stores or r.stack_bytes]
-        if bad:
-            return Trial(tiles, status="spills", detail="; ".join(bad))
-        return Kernel(kernel_plan, source, compiled)
+    arch = resolve_arch(None)
 
     def evaluate(batch: list[dict]) -> list[Trial]:
         trials = []
-        for tiles, prepared in zip(batch, pool.map(prepare, batch)):
+        for tiles, prepared in zip(batch, pool.map(lambda tiles: compile_candidate(family, spec, tiles, arch), batch)):
             if isinstance(prepared, Trial):
                 trials.append(prepared)
                 continue

@@ -232,6 +232,22 @@ def test_channels_last_space_holds_both_tma_micro_tiles_and_the_tma_seed():
     assert json.dumps(fam.tma_tiles(spec).to_dict(), sort_keys=True) in members
 
 
+def test_the_tuner_compiles_a_register_split_candidate_for_sm_90a_as_build_does():
+    """A TMA candidate whose producer hands its registers over (``setmaxnreg``, an sm_90a
+    instruction) is compiled for sm_90a: the tuner once compiled candidates for plain sm_90 by its
+    own path, and ptxas refused them, ending the whole tuning run (r50_l2_3x3 on the H100)."""
+    from codegen.bench import layer_spec, load_shapes
+    from codegen.families.gemm import tma_register_split
+
+    shape = next(l for l in load_shapes()["conv2d_mec"] if l["name"] == "conv8")
+    spec = layer_spec(shape, "NHWC", shape["N"])
+    tiles = get_family("implicit_gemm").tma_tiles(spec)
+    assert tma_register_split(tiles) is not None
+    kernel = tune.compile_candidate("implicit_gemm", spec, tiles.to_dict(), "sm_90")
+    assert not isinstance(kernel, tune.Trial), kernel.detail
+    assert kernel.compiled.arch == "sm_90a" and "setmaxnreg" in kernel.source.code
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 def test_channels_last_heuristic_copies_one_float_and_the_tuner_tries_both(family):
     """The heuristic copies one float a thread on channels-last data too (16 adjacent lanes read a
