@@ -13,6 +13,7 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -386,6 +387,43 @@ def cudnn_fp32(spec: ConvSpec, x_torch, w_torch):
     torch.backends.cuda.matmul.allow_tf32 = False
     conv = F.conv2d if spec.dims == 2 else F.conv3d
     return lambda: conv(x_torch, w_torch, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+
+
+def launched_kernels(run) -> list[str]:
+    """The names of the CUDA kernels one call of ``run`` launches, in order, each once (PyTorch's
+    profiler, CUDA activity only; copies and memsets left out).  cuDNN does not say which
+    algorithm ``cudnn.benchmark`` chose, but its kernels' names do.  An empty list where the
+    profiler cannot trace (no CUPTI): the algorithm is then unknown, not guessed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Profiler clears events")   # one traced cycle is all we keep
+            with profile(activities=[ProfilerActivity.CUDA]) as trace:
+                run()
+                torch.cuda.synchronize()
+            events = trace.events()
+    except RuntimeError:
+        return []
+    names = [event.name for event in events if event.device_type == torch.autograd.DeviceType.CUDA
+             and not event.name.startswith(("Memcpy", "Memset"))]
+    return list(dict.fromkeys(names))
+
+
+CUDNN_ALGORITHMS = (("FFT", "fft"), ("Winograd", "winograd"))
+"""cuDNN's fast algorithms and the word each one's kernels carry in their names (``fft2d_r2c_16x16``,
+``winograd_nonfused...``).  Every other algorithm sums the taps directly as a GEMM (implicit,
+precomputed or explicit), the ones the issue's speed target compares against."""
+
+
+def cudnn_algorithm(kernel_names: list[str]) -> str:
+    """"FFT", "Winograd", "GEMM" (direct summation) or "unknown" (no names traced), from the
+    kernels one cuDNN call launched."""
+    if not kernel_names:
+        return "unknown"
+    lowered = " ".join(kernel_names).lower()
+    return next((algorithm for algorithm, word in CUDNN_ALGORITHMS if word in lowered), "GEMM")
 
 
 class CudnnCase:

@@ -8,7 +8,10 @@ im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
 events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
-peak of PyTorch's allocator during the call minus the output.  im2win runs again held to cuDNN's
+peak of PyTorch's allocator during the call minus the output.  cuDNN's algorithm is read from
+the names of the kernels it launches (``bench.launched_kernels``), so the table says which layers
+the issue's speed target covers (those where cuDNN sums the taps as a GEMM, neither FFT nor
+Winograd) from this run instead of from an earlier one.  im2win runs again held to cuDNN's
 extra memory on the layer (``workspace_limit``: a smaller batch chunk), so the table shows where
 that target is reachable and what it costs.  The ablation reruns im2win with one optimisation
 removed at a time.  While each layer is timed, ``codegen.clocks`` samples the
@@ -26,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import CudnnCase, benchmark_layers, layer_spec, median_seconds, tiles_for
+from codegen.bench import (CudnnCase, benchmark_layers, cudnn_algorithm, launched_kernels, layer_spec, median_seconds,
+                           tiles_for)
 from codegen.clocks import ClockSampler, describe, sampler_for_current_device
 from codegen.spec import ConvSpec
 
@@ -86,8 +90,10 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     case = CudnnCase(spec)
     x, w, y = case.x, case.w, case.y
     cudnn_extra = _cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
+    cudnn_kernels = launched_kernels(case.run_cudnn)
     common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
-              "cudnn_extra_bytes": cudnn_extra}
+              "cudnn_extra_bytes": cudnn_extra, "cudnn_kernels": cudnn_kernels,
+              "cudnn_algorithm": cudnn_algorithm(cudnn_kernels)}
     timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
 
     def prepare(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
@@ -189,7 +195,8 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
                 best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
                 clock = rows[0]["clock"]
                 clock_note = f"; SM clock median {clock['sm_mhz_median']:.0f} MHz" if clock else ""
-                print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN {rows[0]['cudnn_ms']:.3f} ms; best "
+                print(f"[{index}/{len(chosen)}] {layer['name']} {layout}: cuDNN ({rows[0]['cudnn_algorithm']}) "
+                      f"{rows[0]['cudnn_ms']:.3f} ms; best "
                       f"{best['family'] if best else '-'} {best['ms'] if best else float('nan'):.3f} ms{clock_note} "
                       f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         print(describe(sampler.overall()), file=sys.stderr, flush=True)
@@ -204,6 +211,8 @@ SERIES = ("heuristic", "tma", "tuned", WITHIN_CUDNN)
 TMA kernel (layers it takes, channels-first ones with A gathered), the tuning database's choice,
 and im2win held to cuDNN's extra memory."""
 HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "tuned": "(tuned)", WITHIN_CUDNN: "(<=cuDNN MiB)"}
+ALGORITHM_CELLS = {"GEMM": "gemm", "FFT": "fft", "Winograd": "wino", "unknown": "?"}
+"""``bench.cudnn_algorithm``'s answers as the table's ``alg`` column shows them."""
 
 
 def _series(row: dict) -> str:
@@ -217,12 +226,14 @@ def format_table(results: list[dict]) -> str:
     families = [(f, v) for f in families for v in SERIES if any(
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
     has_clock = any(r.get("clock") for r in results)
+    has_algorithm = any("cudnn_algorithm" in r for r in results)
     width = max([11] + [len(r["layer"]) for r in results])
-    columns = f"{'layer':{width}} {'layout':6} {'cuDNN':>6}" + "".join(
-        f" {HEADINGS[v].format(family=f):>13}" for f, v in families)
-    head = columns + (f" {'MHz':>5} {'cap':>4}" if has_clock else "")
+    family_columns = "".join(f" {HEADINGS[v].format(family=f):>13}" for f, v in families)
+    columns = f"{'layer':{width}} {'layout':6} {'cuDNN':>6}"
+    head = columns + (f" {'alg':>4}" if has_algorithm else "") + family_columns + (
+        f" {'MHz':>5} {'cap':>4}" if has_clock else "")
     lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
-    memory = ["extra device memory, MiB", columns, "-" * len(columns)]
+    memory = ["extra device memory, MiB", columns + family_columns, "-" * len(columns + family_columns)]
     keyed = {}
     for r in results:
         if not r["ablation"]:
@@ -241,9 +252,13 @@ def format_table(results: list[dict]) -> str:
         clock = first.get("clock")
         clock_cells = (f" {clock['sm_mhz_median']:5.0f} {100 * clock['power_capped_share']:3.0f}%" if clock
                        else f" {'-':>5} {'-':>4}") if has_clock else ""
-        lines.append(f"{layer:{width}} {layout:6} {first['cudnn_tflops']:6.1f}" + "".join(cells) + clock_cells)
+        algorithm = f" {ALGORITHM_CELLS[first.get('cudnn_algorithm', 'unknown')]:>4}" if has_algorithm else ""
+        lines.append(f"{layer:{width}} {layout:6} {first['cudnn_tflops']:6.1f}{algorithm}" + "".join(cells) + clock_cells)
         memory.append(f"{layer:{width}} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
     ablation = [r for r in results if r["ablation"] and "ms" in r]
+    if has_algorithm:
+        lines.append("alg: cuDNN's algorithm, from the names of the kernels it launched (gemm: the taps summed as a "
+                     "GEMM, implicit or explicit; fft; wino: Winograd; ?: not traced)")
     if has_clock:
         lines.append("MHz: median SM clock while the layer was timed; cap: share of those samples with the power "
                      "cap holding the clock down")
@@ -286,9 +301,12 @@ def _speed_summary(results: list[dict]) -> list[str]:
         ratios = [r["speedup_vs_cudnn"] for r in rows]
         worst = min(rows, key=lambda r: r["speedup_vs_cudnn"])
         mean = math.exp(statistics.fmean(math.log(ratio) for ratio in ratios))
+        summed = [r["speedup_vs_cudnn"] for r in rows if r.get("cudnn_algorithm") == "GEMM"]
+        where_gemm = (f"; {sum(ratio >= 1 for ratio in summed)} of {len(summed)} where cuDNN ran a GEMM (neither FFT "
+                      f"nor Winograd)") if summed else ""
         lines.append(f"{family}: at least cuDNN's speed on {sum(ratio >= 1 for ratio in ratios)} of {len(rows)}, "
                      f"geometric mean {mean:.2f}x, slowest {worst['speedup_vs_cudnn']:.2f}x "
-                     f"({worst['layer']} {worst['layout']})")
+                     f"({worst['layer']} {worst['layout']}){where_gemm}")
     return lines
 
 

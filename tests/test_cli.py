@@ -476,6 +476,39 @@ def test_bench_conv_table_shows_the_clock_each_layer_ran_at():
     assert "MHz" not in lines[8]
 
 
+def test_cudnns_algorithm_is_named_by_its_kernels():
+    """FFT and Winograd kernels say so in their names; any other traced kernel sums the taps as a
+    GEMM; nothing traced is unknown, never guessed."""
+    from codegen.bench import cudnn_algorithm
+
+    assert cudnn_algorithm(["fft2d_r2c_16x16", "sm80_xmma_gemm_f32f32", "fft2d_c2r_16x16"]) == "FFT"
+    assert cudnn_algorithm(["void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>"]) == "Winograd"
+    assert cudnn_algorithm(["nchwToNhwcKernel", "sm80_xmma_fprop_implicit_gemm_f32f32_tilesize256x64x8"]) == "GEMM"
+    assert cudnn_algorithm(["void precomputed_convolve_sgemm<float, 1024, 5, 5, 4, 3, 3, 1, false>"]) == "GEMM"
+    assert cudnn_algorithm([]) == "unknown"
+
+
+def test_bench_conv_table_says_which_algorithm_cudnn_ran_and_counts_the_gemm_layers():
+    """An ``alg`` column after cuDNN's figure (explained under the table), and each family's line
+    also counts the layers the issue's speed target covers: those where cuDNN ran a GEMM."""
+    from codegen.bench_conv import format_table
+
+    def row(layer, ratio, algorithm):
+        return {"family": "implicit_gemm", "variant": "heuristic", "layer": layer, "layout": "NCHW",
+                "ablation": None, "ms": 1.0, "tflops": 40 * ratio, "speedup_vs_cudnn": ratio, "extra_bytes": 0,
+                "cudnn_tflops": 40.0, "cudnn_extra_bytes": 0, "cudnn_algorithm": algorithm}
+
+    lines = format_table([row("conv4", 2.1, "GEMM"), row("conv5", 0.6, "FFT"), row("conv6", 0.9, "GEMM"),
+                          row("conv10", 0.5, "Winograd"), row("conv12", 1.2, "unknown")]).splitlines()
+    assert lines[1].split() == ["layer", "layout", "cuDNN", "alg", "implicit_gemm"]
+    assert [line.split()[3] for line in lines[3:8]] == ["gemm", "fft", "gemm", "wino", "?"]
+    assert lines[8].startswith("alg: cuDNN's algorithm")
+    assert lines[9] == ("implicit_gemm: at least cuDNN's speed on 2 of 5, geometric mean 0.93x, slowest 0.50x "
+                        "(conv10 NCHW); 1 of 2 where cuDNN ran a GEMM (neither FFT nor Winograd)")
+    memory = lines.index("extra device memory, MiB")
+    assert lines[memory + 1].split() == ["layer", "layout", "cuDNN", "implicit_gemm"]
+
+
 def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch, capsys):
     """The report names both timings and the choice; the re-timing itself is test_tune's."""
     from codegen import cli, tune

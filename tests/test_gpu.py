@@ -593,3 +593,14 @@ def json_key(tiles):
     import json
 
     return json.dumps(tiles, sort_keys=True)
+
+
+def test_cudnns_algorithm_is_read_from_the_kernels_it_launches():
+    """bench conv labels each layer with cuDNN's algorithm from the profiler's kernel names: a
+    traced call names at least one kernel (copies and memsets left out), so the label is known."""
+    from codegen.bench import CudnnCase, cudnn_algorithm, launched_kernels
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=8, c=32, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
+    names = launched_kernels(CudnnCase(spec).run_cudnn)
+    assert names and not any(name.startswith(("Memcpy", "Memset")) for name in names)
+    assert cudnn_algorithm(names) in ("GEMM", "FFT", "Winograd")
