@@ -399,7 +399,7 @@ def launched_kernels(run) -> list[str]:
 
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Profiler clears events")   # one traced cycle is all we keep
+            warnings.filterwarnings("ignore", message=".*Profiler clears events")   # one traced cycle is all we keep
             with profile(activities=[ProfilerActivity.CUDA]) as trace:
                 run()
                 torch.cuda.synchronize()

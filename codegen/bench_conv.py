@@ -330,7 +330,8 @@ def _within_cudnn_summary(results: list[dict]) -> list[str]:
 
 
 def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
-    """TFLOP/s per layer and family with cuDNN (Figure 2), extra memory (Figure 3), ablation (Figure 4)."""
+    """TFLOP/s per layer and family with cuDNN (Figure 2), extra memory (Figure 3), ablation (Figure 4);
+    a layer where cuDNN ran FFT or Winograd says so under its name."""
     try:
         import matplotlib
 
@@ -342,7 +343,9 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
     if not main:
         return False
     keys = list(dict.fromkeys((r["layer"], r["layout"]) for r in main))
-    labels = [f"{layer}\n{layout}" for layer, layout in keys]
+    algorithm = {(r["layer"], r["layout"]): r.get("cudnn_algorithm", "unknown") for r in results}
+    labels = [f"{layer}\n{layout}" + ("" if algorithm[layer, layout] in ("GEMM", "unknown")
+                                      else f"\ncuDNN {algorithm[layer, layout]}") for layer, layout in keys]
     families = [(f, v) for f in FAMILIES for v in ("heuristic", "tma", WITHIN_CUDNN)
                 if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
