@@ -440,6 +440,30 @@ def test_bench_conv_table_counts_where_each_family_meets_cudnn():
     assert lines[1].index("layout") == lines[3].index("NCHW") == lines[4].index("NCHW") == len("r2plus1d_spatial") + 1
 
 
+def test_bench_conv_summary_counts_the_kernel_build_runs_on_this_gpu():
+    """Where build() without tiles takes the implicit GEMM's TMA kernel (channels-last on sm_90),
+    the family's line counts that row, not the portable kernel's, and its cell is starred and
+    explained; results saved before rows said so still count the first column."""
+    from codegen.bench_conv import format_table
+
+    def row(layer, variant, tflops, built):
+        return {"family": "implicit_gemm", "variant": variant, "layer": layer, "layout": "NHWC", "ablation": None,
+                "ms": 1.0, "tflops": tflops, "speedup_vs_cudnn": tflops / 40, "extra_bytes": 0,
+                "cudnn_tflops": 40.0, "cudnn_extra_bytes": 0, "build_choice": built}
+
+    results = [row("conv4", "heuristic", 46.0, False), row("conv4", "tma", 50.0, True),
+               row("r50_l1_reduce", "heuristic", 40.0, False), row("r50_l1_reduce", "tma", 30.0, True),
+               row("conv1", "heuristic", 44.0, True)]
+    lines = format_table(results).splitlines()
+    assert lines[3].split()[3:] == ["46.0", "(1.15)", "50.0", "(1.25)*"]
+    assert len(lines[3]) == len(lines[4]) == len(lines[5]) == len(lines[2])
+    assert lines[6].startswith("*: the kernel build() runs without tiles on this GPU")
+    assert lines[7] == ("implicit_gemm: at least cuDNN's speed on 2 of 3, geometric mean 1.01x, slowest 0.75x "
+                        "(r50_l1_reduce NHWC)")
+    legacy = [{k: v for k, v in r.items() if k != "build_choice"} for r in results]
+    assert "at least cuDNN's speed on 3 of 3, geometric mean 1.08x" in format_table(legacy)
+
+
 def test_bench_conv_table_names_every_column_in_full():
     """The TMA and tuned columns follow their family's and say so; no family name is cut to fit;
     a layer without a TMA row (channels-first) shows a dash there."""
