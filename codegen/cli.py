@@ -347,7 +347,7 @@ def cmd_tune(args) -> int:
         print("no configuration passed the reference check; nothing recorded", file=sys.stderr)
         return 1
     print(f"recorded in {db.path}")
-    return 0
+    return 1 if tune.compile_errors(result) else 0
 
 
 def tune_spec(args) -> ConvSpec:
@@ -500,7 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search the family's tile space (limits and the compiler's resource report prune it "
         "first), check every candidate against a reference, time it with CUDA events and record the fastest "
         "in the tuning database, which build() then uses for this spec, GPU and convgen version as long as the "
-        "kernel code it timed is unchanged (a template edit retires the record).",
+        "kernel code it timed is unchanged (a template edit retires the record). A candidate the compiler "
+        "rejects is a convgen bug: the search goes on without it, names it after the table and exits with "
+        "status 1 (the winner is still recorded).",
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
         "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)\n"

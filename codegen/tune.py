@@ -68,7 +68,8 @@ class Trial:
     tiles: dict
     seconds: float = math.nan
     status: str = "pending"
-    """"ok", "wrong" (failed the reference check), "refused" (a limit), "spills" (ptxas report)."""
+    """"ok", "wrong" (failed the reference check), "refused" (a limit), "spills" (ptxas report),
+    "compile error" (NVRTC rejected the source: a generator bug, reported after the search)."""
     detail: str = ""
 
 
@@ -360,13 +361,18 @@ def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
 
 def compile_candidate(family: str, spec: ConvSpec, tiles: dict, arch: str):
     """One candidate compiled as ``build()`` compiles it (``api.compile_plan``), or its Trial where
-    a limit refuses it or ptxas reports spills or a stack frame.  Needs no GPU."""
+    a limit refuses it, ptxas reports spills or a stack frame, or NVRTC rejects the source.  The
+    last is a bug in convgen, but one candidate's bug should not cost the search its other
+    results: the search goes on and ``format_result`` names the candidate.  Needs no GPU."""
     from codegen.api import compile_plan, plan
+    from codegen.compile import CompileError
 
     try:
         kernel = compile_plan(plan(family, spec, tiles, arch), arch)
     except SpecError as err:
         return Trial(tiles, status="refused", detail=str(err))
+    except CompileError as err:
+        return Trial(tiles, status="compile error", detail=str(err))
     bad = [f"{name}: {r.spill_stores} B spilled, {r.stack_bytes} B stack"
            for name, r in kernel.compiled.resources.items() if r.spill_stores or r.stack_bytes]
     return Trial(tiles, status="spills", detail="; ".join(bad)) if bad else kernel
@@ -532,7 +538,21 @@ def format_result(result: TuneResult, count: int = 10) -> str:
     lines.append(f"{'rank':>4} {'ms':>9}  tiles")
     for rank, trial in enumerate(result.top(count), 1):
         lines.append(f"{rank:>4} {trial.seconds * 1e3:9.3f}  " + " ".join(f"{k}={v}" for k, v in trial.tiles.items()))
-    return "\n".join(lines)
+    return "\n".join(lines + compile_errors(result))
+
+
+def compile_errors(result: TuneResult) -> list[str]:
+    """The candidates NVRTC rejected, each with the first error line of its log, as a bug report."""
+    failed = [t for t in result.trials if t.status == "compile error"]
+    if not failed:
+        return []
+    lines = [f"{len(failed)} candidate(s) did not compile; this is a bug in convgen {__version__}, please report "
+             f"it with these lines:"]
+    for trial in failed:
+        log = trial.detail.strip().splitlines() or [""]   # the first line names the file, the rest is ptxas's
+        first_error = next((line.strip() for line in log[1:] if "error" in line), log[0])
+        lines += ["  " + " ".join(f"{k}={v}" for k, v in trial.tiles.items()), f"    {first_error}"]
+    return lines
 
 
 def _counts(trials: list[Trial]) -> dict[str, int]:

@@ -552,6 +552,23 @@ def test_tune_refresh_reports_what_each_stale_entry_keeps(tmp_path, monkeypatch,
     assert "no stale entries" in capsys.readouterr().out
 
 
+def test_tune_records_its_winner_and_exits_1_when_a_candidate_did_not_compile(tmp_path, monkeypatch, capsys):
+    """A candidate NVRTC rejected leaves the winner recorded, is named after the table, and makes
+    the exit status 1, so that a script running the tuner sees the bug."""
+    from codegen import cli, tune
+    from codegen.spec import ConvSpec
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=4, input_size=(8, 8), filter_size=3)
+    ok = tune.Trial({"stages": 3}, seconds=1e-3, status="ok")
+    broken = tune.Trial({"stages": 4}, status="compile error", detail="NVRTC failed on x.cu:\nline 1; error   : bad")
+    monkeypatch.setattr(cli, "_require_gpu", lambda what: None)
+    for trials, status in (([ok], 0), ([ok, broken], 1)):
+        monkeypatch.setattr(tune, "tune", lambda *a, **k: tune.TuneResult("implicit_gemm", spec, ok, ok, trials, 1.0, 2))
+        assert main(["tune", "implicit_gemm", "--db", str(tmp_path / "tuning.json")]) == status
+        out = capsys.readouterr().out
+        assert "recorded in" in out and ("did not compile" in out) == (status == 1)
+
+
 def test_interleaved_medians_take_turns_and_keep_each_runs_median(monkeypatch):
     """The A/B scripts' timing: every round times each variant once, in order, and each variant
     gets the median of its own rounds (a drift that slows round 2 for all does not pick a winner)."""

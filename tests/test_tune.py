@@ -248,6 +248,31 @@ def test_the_tuner_compiles_a_register_split_candidate_for_sm_90a_as_build_does(
     assert kernel.compiled.arch == "sm_90a" and "setmaxnreg" in kernel.source.code
 
 
+def test_a_candidate_the_compiler_rejects_is_reported_and_the_search_goes_on(monkeypatch):
+    """An NVRTC error is a generator bug: the candidate becomes a 'compile error' trial whose
+    first error line and tiles close the result as a bug report, instead of ending the search."""
+    from codegen import api
+    from codegen.compile import CompileError
+
+    def rejected(source, name, arch):
+        raise CompileError("NVRTC failed on implicit_gemm.cu (NVRTC_ERROR_COMPILATION (6)):\nptxas application ptx "
+                           "input, line 275; error   : Instruction 'setmaxnreg.dec' not supported on .target 'sm_90'\n"
+                           "ptxas fatal   : Ptx assembly aborted due to errors\n")
+
+    monkeypatch.setattr(api, "compile_source", rejected)
+    tiles = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
+    trial = tune.compile_candidate("implicit_gemm", SPEC, tiles, "sm_90")
+    assert isinstance(trial, tune.Trial) and trial.status == "compile error"
+    ok = tune.Trial(dict(tiles, stages=2), seconds=1e-3, status="ok")
+    result = tune.TuneResult("implicit_gemm", SPEC, best=ok, heuristic=ok, trials=[ok, trial], space_size=2)
+    lines = tune.format_result(result).splitlines()
+    assert "1 ok, 1 compile error" in lines[1]
+    assert lines[-3].startswith("1 candidate(s) did not compile; this is a bug in convgen")
+    assert lines[-2].strip().startswith("block_m=") and lines[-1].strip() == (
+        "ptxas application ptx input, line 275; error   : Instruction 'setmaxnreg.dec' not supported on .target "
+        "'sm_90'")
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 def test_channels_last_heuristic_copies_one_float_and_the_tuner_tries_both(family):
     """The heuristic copies one float a thread on channels-last data too (16 adjacent lanes read a
