@@ -407,13 +407,45 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     assert tail == main + "_tail" and conv4.context["tail_kernel"] == tail and conv4.launches[-3].kernel == main + "_zero"
     assert not any(takes_tma(name, arch="sm_80") for name in faster)
     assert not any(takes_tma(name, channels_last=False) for name in layers)
-    many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=8, k=64, input_size=(66, 66), filter_size=3)
+    many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=64, k=64, input_size=(66, 66), filter_size=3)
     assert build("implicit_gemm", many_tiles, arch="sm_90").plan.variant == "tma"
     assert build("implicit_gemm", many_tiles, arch="sm_80").plan.variant != "tma"
     assert "cuTensorMapEncodeIm2col" not in emit_source("implicit_gemm", many_tiles, arch="sm_80")
     assert "cuTensorMapEncodeIm2col" in emit_source("implicit_gemm", many_tiles, arch="sm_90")
     partly_idle = ConvSpec.from_dict({**many_tiles.to_dict(), "k": 48})
     assert not plan("implicit_gemm", partly_idle, arch="sm_90").tiles.tma
+
+
+def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
+    """The two conditions GEMM v30 added, on layers it measured: C padded to 32-channel boxes by a
+    third or more (C = 16: 0.70-0.71x), and C x taps below 512 with 8x8 micro-tiles (0.80-0.99x on
+    13 of 15; a 1x7 filter 0.32x), turn the TMA kernel down; 16-row micro-tiles keep it at short
+    C x taps (1.36-1.78x), a lighter padding (C = 80, 1.16x) keeps it, and every layer at 512 and
+    above that it took before it still takes."""
+    from pathlib import Path
+
+    from codegen.bench import layer_spec, read_shapes_file
+    from codegen.families import get_family
+
+    docs = Path(__file__).parent.parent / "docs" / "shapes"
+    layers = {l["name"]: l for f in ("unseen.json", "tma_rule.json") for l in read_shapes_file(docs / f)}
+
+    def kernel(name):
+        layer = layers[name]
+        spec = layer_spec(layer, "NDHWC" if "D" in layer else "NHWC", layer["N"])
+        tiles = get_family("implicit_gemm").heuristic_tiles(spec, "sm_90")
+        return ("tma", tiles.thread_m) if tiles.tma else "cp.async"
+
+    for padded in ("c3_16_64_112", "v3_16_32", "c3_48_64_56", "ho_c3_24_64", "ho_c5_16_64"):
+        assert kernel(padded) == "cp.async", padded
+    for short in ("r50_l1_reduce", "pw_128_128_56", "pw_192_64_28", "r50_l3_expand", "r2plus1d_temporal",
+                  "ho_pw_320_128", "ho_c1x7_64_128"):
+        assert kernel(short) == "cp.async", short
+    for wide_micro_tile in ("pw_32_64_112", "pw_64_128_56", "v1_64_128", "r50_l1_expand", "ho_c3_32_128"):
+        assert kernel(wide_micro_tile) == ("tma", 16), wide_micro_tile
+    for long_k in ("r50_l3_reduce", "r50_l1_3x3", "c3s2_64_128_112", "c5_32_64_64", "v3_32_64", "c3_256_256_28",
+                   "ho_c3_80_128", "ho_c3_96_128"):
+        assert kernel(long_k) == ("tma", 8), long_k
 
 
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])

@@ -53,6 +53,12 @@ cp.async kernel's split-K tiles (conv11 0.96x at 2.2 tiles per SM, conv12 0.78x,
 TMA_MIN_STREAM_K_TILES_PER_SM = 2
 """With stream-K the TMA kernel beat the cp.async kernel down to 2.2 tiles per SM (conv11 45.3
 against 36.4 TFLOP/s) but not at 1.5 (conv12 24.7 against 26.5)."""
+TMA_MIN_GEMM_K = 512
+"""Below this C x taps the heuristic takes the TMA kernel only with its 16-row micro-tiles.  On the
+H100 (GEMM v30), of the channels-last layers the older rule gave it: with 8x8 micro-tiles it ran
+0.32-1.00x the cp.async kernel on 19 of 22 (pointwise layers of 64-320 channels, small filters;
+1.01-1.04x on the other 3), with 16-row ones 1.17-1.78x on the 8 whose channels fill the boxes,
+and at 512 and above it won on all 23 (1.06-1.50x)."""
 TMA_MIN_GATHER_TILES_PER_SM = 3
 """Fewest tiles per SM at which the gathered (channels-first) TMA kernel beat the cp.async kernel on
 the H100 (GEMM v17: conv5 1.07x at 6.1, conv6 1.03x at 3.0; conv11 0.98x at 2.2, unet3d_down
@@ -82,7 +88,11 @@ class ImplicitGemm(Family):
         and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM, or ``TMA_MIN_STREAM_K_TILES_PER_SM``
         where it shares out its tail (stream-K); the portable cp.async kernel otherwise.  Measured
         on the H100 (docs/perf.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
-        channels-last layers this takes, 0.62-0.93x on the two it turns away.  Channels-first data
+        channels-last layers this takes, 0.62-0.93x on the two it turns away.  Two more conditions
+        from 81 channels-last layers (GEMM v30): C x taps at least ``TMA_MIN_GEMM_K`` unless the
+        tiles have 16-row micro-tiles, and C padded to the kernel's 32-channel boxes less than 4/3
+        of C (each tap's last box is part padding: C = 16 wastes half its FMAs, 0.70-0.71x; C = 80
+        a sixth, and the kernel still won, 1.16x).  Channels-first data
         keeps the cp.async kernel, which needs no workspace: the gathered TMA kernel (``tma=True``)
         ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
         (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
@@ -90,6 +100,10 @@ class ImplicitGemm(Family):
                 or not (spec.k % 64 == 0 or spec.k == 32)):
             return self.default_tiles(spec)
         tiles = self.tma_tiles(spec)
+        gemm_k = index.gemm_sizes(self.algebra(spec))[2]
+        boxed_c = -(-spec.c // tiles.block_k) * tiles.block_k
+        if 3 * boxed_c >= 4 * spec.c or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
+            return self.default_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
         return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
