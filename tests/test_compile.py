@@ -418,10 +418,10 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
 
 def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
     """The two conditions GEMM v30 added, on layers it measured: C padded to 32-channel boxes by a
-    third or more (C = 16: 0.70-0.71x), and C x taps below 512 with 8x8 micro-tiles (0.80-0.99x on
-    13 of 15; a 1x7 filter 0.32x), turn the TMA kernel down; 16-row micro-tiles keep it at short
-    C x taps (1.36-1.78x), a lighter padding (C = 80, 1.16x) keeps it, and every layer at 512 and
-    above that it took before it still takes."""
+    third or more (C = 16: 0.56-0.71x), and C x taps below 512 with 8x8 micro-tiles (0.32-1.00x
+    on 19 of 22, a 1x7 filter the 0.32x), turn the TMA kernel down; 16-row micro-tiles keep it at
+    short C x taps (1.17-1.78x), a lighter padding (C = 80, 1.16x) keeps it, and every layer at 512
+    and above that it took before it still takes."""
     from pathlib import Path
 
     from codegen.bench import layer_spec, read_shapes_file
