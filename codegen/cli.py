@@ -471,9 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct", "conv"),
                            help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN, "
                            "and im2win again held to cuDNN's extra memory on the layer ('(<=cuDNN MiB)': its speed, "
-                           "or what one image needs where no batch chunk fits); its table also gives each layer's "
-                           "median SM clock and how often the power cap held "
-                           "it down (sampled with nvidia-smi; an H100 reaches its 700 W cap near 50 TFLOP/s)")
+                           "or what one image needs where no batch chunk fits); its table also gives cuDNN's "
+                           "algorithm on each layer ('alg', from the names of the kernels it launched: gemm, fft or "
+                           "wino), stars the kernel build() runs where that is not a family's first column, and "
+                           "gives each layer's median SM clock and how often the power cap held it down (sampled "
+                           "with nvidia-smi; an H100 reaches its 700 W cap near 50 TFLOP/s)")
     bench_cmd.add_argument("--layouts", nargs="+", help="default NCHW NHWC (im2col, col2im); NCHW NCDHW (conv: "
                            "2D layers run in the 2D layouts given, 3D layers in the 3D ones; other layouts write "
                            "conv-<layouts>.json and .png, e.g. conv-nhwc-ndhwc; every layout also runs the implicit "
