@@ -416,6 +416,20 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     assert not plan("implicit_gemm", partly_idle, arch="sm_90").tiles.tma
 
 
+def test_implicit_gemm_slices_stay_within_a_tap_on_channels_last_data():
+    """Channels-last with C a multiple of 8 but not 16 takes 8-deep slices, which never straddle
+    two taps (GEMM v31: 1.01-1.26x); C a multiple of 16, channels-first data and im2win keep 16."""
+    from codegen.families import get_family
+
+    def block_k(family, layout, c):
+        spec = ConvSpec(dims=2, layout=layout, n=8, c=c, k=64, input_size=(28, 28), filter_size=3, padding=1)
+        return get_family(family).default_tiles(spec).block_k
+
+    assert [block_k("implicit_gemm", "NHWC", c) for c in (8, 24, 40, 56, 72, 136)] == [8] * 6
+    assert [block_k("implicit_gemm", "NHWC", c) for c in (16, 48, 64, 96)] == [16] * 4
+    assert block_k("implicit_gemm", "NCHW", 72) == block_k("im2win", "NHWC", 72) == 16
+
+
 def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
     """The two conditions GEMM v30 added, on layers it measured: C padded to 32-channel boxes by a
     third or more (C = 16: 0.56-0.71x), and C x taps below 512 with 8x8 micro-tiles (0.32-1.00x

@@ -80,7 +80,14 @@ class ImplicitGemm(Family):
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        return gemm.heuristic(spec)
+        """``gemm.heuristic``, with 8-deep slices on channels-last data whose C is a multiple of 8
+        but not of 16: k runs channel-fastest within a tap there, so 16-deep slices straddle two
+        taps every other tap and 8-deep ones never do.  On the H100 (GEMM v31) 1.01-1.26x on all
+        6 such layers measured (C = 24-72), against 0.95x on C = 48 and 64, where 16 fits."""
+        tiles = gemm.heuristic(spec)
+        if spec.layout.channels_last and spec.c % 16 == 8 and tiles.block_k == 16:
+            return gemm.GemmTiles(**{**tiles.to_dict(), "block_k": 8})
+        return tiles
 
     def heuristic_tiles(self, spec: ConvSpec, arch: str) -> gemm.GemmTiles:
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
