@@ -252,7 +252,7 @@ def format_table(results: list[dict]) -> str:
                 cells.append(f" {_missing(r):>13}")
                 mem.append(f" {'-':>13}")
                 continue
-            marker = "*" if r.get("build_choice") and v != "heuristic" else ""
+            marker = "*" if _starred(r) else ""
             cells.append(f"{r['tflops']:.1f} ({r['speedup_vs_cudnn']:.2f}){marker}".rjust(14))
             mem.append(f" {r['extra_bytes'] / 2**20:13.1f}")
         clock = first.get("clock")
@@ -262,7 +262,7 @@ def format_table(results: list[dict]) -> str:
         lines.append(f"{layer:{width}} {layout:6} {first['cudnn_tflops']:6.1f}{algorithm}" + "".join(cells) + clock_cells)
         memory.append(f"{layer:{width}} {layout:6} {first['cudnn_extra_bytes'] / 2**20:6.1f}" + "".join(mem))
     ablation = [r for r in results if r["ablation"] and "ms" in r]
-    if any(r.get("build_choice") and _series(r) != "heuristic" for r in results):
+    if any(_starred(r) for r in results):
         lines.append("*: the kernel build() runs without tiles on this GPU (its heuristic_tiles), where that is not "
                      "the family's first column")
     if has_algorithm:
@@ -282,6 +282,11 @@ def format_table(results: list[dict]) -> str:
             text += (f"{key[0]:{width}} {key[1]:6} {full['tflops']:6.1f} {values.get('micro_kernel', math.nan):7.1f} "
                      f"{values.get('vectorized', math.nan):8.1f} {values.get('prefetch', math.nan):9.1f}\n")
     return text
+
+
+def _starred(row: dict) -> bool:
+    """Whether the row is the kernel build() runs but not its family's first column."""
+    return bool(row.get("build_choice")) and _series(row) != "heuristic"
 
 
 def _missing(row: dict | None) -> str:

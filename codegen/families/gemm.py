@@ -401,12 +401,19 @@ def complete(base: dict, requested: dict) -> dict:
     return {**merged, "warp_m": warp_m, "warp_n": warp_n, "thread_m": thread_m, "thread_n": thread_n}
 
 
+def pads_by_a_third(padded: int, needed: int) -> bool:
+    """Whether ``padded`` is at least 4/3 of ``needed``: the heuristics' line for turning down a
+    tile or box that leaves a quarter of its work on padding (``_channel_tile``, the implicit GEMM's
+    TMA channel boxes; docs/perf.md GEMM v28, v30)."""
+    return 3 * padded >= 4 * needed
+
+
 def _channel_tile(gemm_n: int) -> int:
     """block_n for ``gemm_n`` output channels: the tightest of 32-128 (64 above 128), or
     ``NARROW_TILE`` where the channels that tile pads to are at least 4/3 of those 48-wide tiles pad to."""
     block_n = 64 if gemm_n > 128 else next(b for b in (32, 64, 96, 128) if gemm_n <= b)
     padded = {width: -(-gemm_n // width) * width for width in (block_n, NARROW_TILE)}
-    return NARROW_TILE if 3 * padded[block_n] >= 4 * padded[NARROW_TILE] else block_n
+    return NARROW_TILE if pads_by_a_third(padded[block_n], padded[NARROW_TILE]) else block_n
 
 
 def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:

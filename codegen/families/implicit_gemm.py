@@ -109,7 +109,7 @@ class ImplicitGemm(Family):
         tiles = self.tma_tiles(spec)
         gemm_k = index.gemm_sizes(self.algebra(spec))[2]
         boxed_c = -(-spec.c // tiles.block_k) * tiles.block_k
-        if 3 * boxed_c >= 4 * spec.c or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
+        if gemm.pads_by_a_third(boxed_c, spec.c) or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
             return self.default_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
