@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegen.compile import CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
+from codegen.compile import CompileError, CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
 from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
@@ -223,10 +223,15 @@ def compile_plan(kernel_plan: KernelPlan, arch: str) -> Kernel:
     """Render a plan and compile it (through the cache) for target ``arch``: refused first where
     the target is older than its instructions, and built for the target's "a" variant where its
     kernels need one (``KernelPlan.compile_arch``).  The one way from a plan to a kernel, so that
-    ``build()`` and the tuner cannot compile the same plan differently."""
+    ``build()`` and the tuner cannot compile the same plan differently.  A CompileError where
+    ptxas's report lacks a launched kernel: the spill checks would pass on nothing."""
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
     compiled = compile_source(source.code, f"{kernel_plan.family}.cu", kernel_plan.compile_arch(arch))
+    unreported = [launch.kernel for launch in kernel_plan.launches if launch.kernel not in compiled.resources]
+    if unreported:
+        raise CompileError(f"ptxas reported no registers or spills for {unreported[0]} (compile log: "
+                           f"{compiled.log.strip()[:200] or 'empty'}); the checks on them cannot run")
     return Kernel(kernel_plan, source, compiled)
 
 

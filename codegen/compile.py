@@ -105,8 +105,18 @@ def compute_capability(arch: str) -> int:
     return int("".join(ch for ch in arch[3:] if ch.isdigit()))
 
 
+NVRTC_CACHE_FIRST = (12, 9)
+"""The first NVRTC with a cache of its own, which ``--no-cache`` turns off."""
+
+
 def options_for(arch: str) -> tuple[str, ...]:
-    return (f"-arch={arch}", *BASE_OPTIONS)
+    """NVRTC's options for ``arch``, with NVRTC's own cache off where it has one: with a GPU driver
+    present NVRTC keeps compiled programs under ~/.nv/ComputeCache, and a program served from there
+    comes back with an empty log, so ptxas's report of registers and spills is lost and every check
+    on it passes vacuously (measured on the H100 with NVRTC 13.0.88: the same source compiled twice,
+    in one process or two, gave the report only the first time; nvFuser turns the cache off for the
+    same reason).  convgen's own cache already serves a program compiled before, report included."""
+    return (f"-arch={arch}", *BASE_OPTIONS, *(("--no-cache",) if nvrtc_version() >= NVRTC_CACHE_FIRST else ()))
 
 
 def cache_key(source: str, options: tuple[str, ...], compiler: str, arch: str) -> str:

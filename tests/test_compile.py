@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from codegen import catalogue
 from codegen.api import build, plan
-from codegen.compile import (KernelCache, cache_key, compile_source, compiler_fingerprint, nvrtc_version,
-                              options_for)
+from codegen.compile import (NVRTC_CACHE_FIRST, CompileError, KernelCache, cache_key, compile_source,
+                              compiler_fingerprint, nvrtc_version, options_for)
 from codegen.fuzz import gemm_tiles, specs
 from codegen.render import render_kernels
 from codegen.spec import ConvSpec, SpecError
@@ -566,6 +566,25 @@ def test_key_covers_source_options_compiler_and_arch():
 def test_compiler_fingerprint_names_the_nvrtc_that_compiles():
     major, minor = nvrtc_version()
     assert f" {major}.{minor}" in compiler_fingerprint()
+
+
+def test_nvrtcs_own_cache_is_off():
+    """NVRTC's cache returns programs without ptxas's report (``options_for``); ours keeps it."""
+    if nvrtc_version() < NVRTC_CACHE_FIRST:
+        pytest.skip("this NVRTC has no cache of its own")
+    assert "--no-cache" in options_for("sm_90")
+
+
+def test_a_kernel_without_ptxas_report_is_refused(monkeypatch):
+    """As when NVRTC serves a program from its own cache: empty log, no resources."""
+    import dataclasses
+
+    from codegen import api
+
+    real = api.compile_source
+    monkeypatch.setattr(api, "compile_source", lambda *args: dataclasses.replace(real(*args), log="", resources={}))
+    with pytest.raises(CompileError, match="ptxas reported no registers or spills for convgen_im2col"):
+        build("im2col", SPECS["2d-nchw"], arch="sm_90")
 
 
 def test_miss_then_memory_hit_then_disk_hit(tmp_path):

@@ -144,6 +144,22 @@ def test_gather_is_bitwise_reproducible():
         assert cupy.array_equal(kernel(col), first)
 
 
+def test_every_compile_of_a_program_reports_its_resources(tmp_path):
+    """Where a GPU driver is present NVRTC keeps its own cache, which drops ptxas's report (GEMM
+    v33): a program compiled again, past convgen's cache (a fresh one), must still report it."""
+    from codegen.api import plan
+    from codegen.compile import KernelCache, compile_source
+    from codegen.render import render_kernels
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=4, input_size=(9, 8), filter_size=3)
+    kernel_plan = plan("implicit_gemm", spec)
+    source = render_kernels(kernel_plan).code
+    for attempt in range(3):
+        compiled = compile_source(source, arch="sm_90", cache=KernelCache(tmp_path / str(attempt)))
+        assert compiled.source_hit == "miss"
+        assert kernel_plan.launches[-1].kernel in compiled.resources, compiled.log
+
+
 def test_three_dimensional_layers_with_asymmetric_geometry():
     spec = ConvSpec(dims=3, layout="NDHWC", n=2, c=5, k=1, input_size=(6, 9, 11), filter_size=(2, 3, 4),
                     stride=(1, 2, 3), padding=(0, 1, 2), dilation=(2, 1, 1), dpitch=8)
