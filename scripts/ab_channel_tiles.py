@@ -2,8 +2,8 @@
 on the GPU: on layers whose channel count K is not a multiple of 64, the heuristic's 64-wide
 tiles leave part of every last tile idle (K = 144: a quarter of the work; K = 40: 37 %).  Each
 layer runs the heuristic and tiles 32, 48, 64, 96, 128 and 144 channels wide (8x12 micro-tiles on
-widths that are multiples of 48, and 4x12) at several block_m, split-K by the heuristic's own rule; every
-kernel is checked against cuDNN on a NaN-poisoned output and timed with cuDNN in interleaved rounds.
+widths that are multiples of 48, and 4x12) at several block_m, split-K by the heuristic's own rule;
+measured as ``ab_harness`` does (checked against cuDNN, interleaved rounds).
 
     PYTHONPATH=$PWD python3 scripts/ab_channel_tiles.py [--shapes F] [--layouts L ...] [--out DIR] LAYER ...
 """
@@ -13,9 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from ab_harness import layer_specs, measure, print_table
+
 WIDTHS = (32, 48, 64, 96, 128, 144)
 BLOCK_M = (64, 128, 256)
-THREE_D_LAYOUT = {"NCHW": "NCDHW", "NHWC": "NDHWC"}
 
 
 def candidate_tiles(spec) -> dict[str, dict]:
@@ -53,45 +54,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from codegen.api import build
-    from codegen.bench import CudnnCase, benchmark_layers, interleaved_medians, layer_spec, select_layers
-    from codegen.families.gemm import flops as gemm_flops
-
     results = []
-    for layer in select_layers(benchmark_layers((), args.shapes), args.layers):
-        for layout in args.layouts:
-            layout = THREE_D_LAYOUT[layout] if "D" in layer else layout
-            spec = layer_spec(layer, layout, layer["N"])
-            case = CudnnCase(spec)
-            x, w, y = case.x, case.w, case.y
-            runs, rows = {"cuDNN": case.run_cudnn}, []
-            for name, tiles in candidate_tiles(spec).items():
-                kernel = build("implicit_gemm", spec, tiles)
-                y.fill(float("nan"))
-                kernel.launch([x, w], y)
-                main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
-                runs[name] = lambda k=kernel: k.launch([x, w], y)
-                rows.append({"layer": layer["name"], "layout": layout, "config": name,
-                             "tiles": kernel.plan.tiles.describe(), "registers": main_kernel.registers,
-                             "spill_bytes": main_kernel.spill_stores, "relative_error_vs_cudnn": case.relative_error()})
-            times = interleaved_medians(runs, args.rounds)
-            flops = gemm_flops(spec)
-            for row in rows:
-                seconds = times[row["config"]]
-                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12,
-                           vs_heuristic=times["heuristic"] / seconds, vs_cudnn=times["cuDNN"] / seconds,
-                           cudnn_tflops=flops / times["cuDNN"] / 1e12)
-            results += rows
-            best = max(rows, key=lambda r: r["tflops"])
-            print(f"[{layer['name']} {layout}] cuDNN {rows[0]['cudnn_tflops']:.1f}, heuristic {rows[0]['tflops']:.1f}, "
-                  f"best {best['config']} {best['tflops']:.1f}", file=sys.stderr, flush=True)
+    for layer, spec in layer_specs(args.shapes, args.layers, args.layouts):
+        results += measure(layer["name"], spec, candidate_tiles(spec), args.rounds, "heuristic")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ab-channel-tiles.json").write_text(json.dumps(results, indent=1))
-    print(f"{'layer':18} {'layout':6} {'config':14} {'regs':>4} {'spill':>5} {'ms':>8} {'TFLOP/s':>8} {'vs heur':>7} "
-          f"{'vs cuDNN':>8} {'rel.err':>8}")
-    for r in results:
-        print(f"{r['layer']:18} {r['layout']:6} {r['config']:14} {r['registers']:4d} {r['spill_bytes']:5d} {r['ms']:8.3f} "
-              f"{r['tflops']:8.1f} {r['vs_heuristic']:7.3f} {r['vs_cudnn']:8.2f} {r['relative_error_vs_cudnn']:8.1e}")
+    print_table(results, "heuristic")
     return 0
 
 

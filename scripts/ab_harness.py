@@ -1,0 +1,80 @@
+"""What the implicit-GEMM A/B scripts share (docs/perf.md): every tile configuration of a layer is
+built through the package (compiled in parallel threads, as the tuner compiles its candidates),
+launched once on a NaN-poisoned output and compared with cuDNN, then timed with cuDNN's fp32 in
+interleaved rounds in the same process, so that clock drift falls on all of them alike.
+
+Used as a module by the ``ab_*.py`` scripts beside it (run from the repo root with PYTHONPATH=$PWD).
+"""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+THREE_D_LAYOUT = {"NCHW": "NCDHW", "NHWC": "NDHWC"}
+"""The 3D layout that stands for a 2D one in a script's ``--layouts``."""
+
+
+def layer_specs(shapes: Path | None, names, layouts):
+    """(layer, spec) for each layer of ``shapes`` (shapes.json's 2D and 3D sets where None) named in
+    ``names`` (all where empty), in each of ``layouts``: 3D layers in the matching 3D layout."""
+    from codegen.bench import benchmark_layers, layer_spec, select_layers
+
+    groups = ("conv2d_mec", "conv3d") if shapes is None else ()
+    for layer in select_layers(benchmark_layers(groups, shapes), names or None):
+        for layout in dict.fromkeys(THREE_D_LAYOUT[x] if "D" in layer else x for x in layouts):
+            yield layer, layer_spec(layer, layout, layer["N"])
+
+
+def measure(layer_name: str, spec, configs: dict[str, dict], rounds: int, reference: str,
+            jobs: int = 16) -> list[dict]:
+    """One row per configuration of ``configs`` (name: tiles; a repeat of an earlier one is left out) on ``spec``: registers and spills,
+    whether NaN was left, relative error to cuDNN, then median time, TFLOP/s, and the ratios to the
+    ``reference`` configuration and to cuDNN."""
+    import cupy
+
+    from codegen.api import build
+    from codegen.bench import CudnnCase, interleaved_medians
+    from codegen.compile import resolve_arch
+    from codegen.families.gemm import flops as gemm_flops
+
+    arch = resolve_arch(None)
+    configs = {name: tiles for i, (name, tiles) in enumerate(configs.items()) if tiles not in list(configs.values())[:i]}
+    with ThreadPoolExecutor(jobs) as pool:
+        kernels = dict(zip(configs, pool.map(lambda tiles: build("implicit_gemm", spec, tiles, arch),
+                                             configs.values())))
+    case = CudnnCase(spec)
+    x, w, y = case.x, case.w, case.y
+    runs, rows = {"cuDNN": case.run_cudnn}, []
+    for name, kernel in kernels.items():
+        y.fill(float("nan"))
+        kernel.launch([x, w], y)
+        main_kernel = kernel.compiled.resources[kernel.plan.launches[-1].kernel]
+        runs[name] = lambda k=kernel: k.launch([x, w], y)
+        rows.append({"layer": layer_name, "layout": spec.layout.name, "config": name,
+                     "tiles": kernel.plan.tiles.describe(), "registers": main_kernel.registers,
+                     "spill_bytes": main_kernel.spill_stores, "stream_k": bool(kernel.plan.context.get("stream_k")),
+                     "nan_left": bool(cupy.isnan(y).any()),
+                     "relative_error_vs_cudnn": case.relative_error()})
+    times = interleaved_medians(runs, rounds)
+    flops = gemm_flops(spec)
+    for row in rows:
+        seconds = times[row["config"]]
+        row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12, vs_reference=times[reference] / seconds,
+                   vs_cudnn=times["cuDNN"] / seconds, cudnn_tflops=flops / times["cuDNN"] / 1e12)
+    best = max(rows, key=lambda r: r["tflops"])
+    print(f"[{layer_name} {spec.layout.name}] cuDNN {rows[0]['cudnn_tflops']:.1f}, {reference} "
+          f"{next(r['tflops'] for r in rows if r['config'] == reference):.1f}, best {best['config']} "
+          f"{best['tflops']:.1f}", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list[dict], reference: str) -> None:
+    """The rows as one table (sk: the kernel has a stream-K tail), ratios to ``reference`` and to cuDNN."""
+    width = max([len(r["layer"]) for r in rows] + [5])
+    config_width = max([len(r["config"]) for r in rows] + [6])
+    print(f"{'layer':{width}} {'layout':6} {'config':{config_width}} {'regs':>4} {'spill':>5} {'sk':>2} {'ms':>8} "
+          f"{'TFLOP/s':>8} {'vs ' + reference:>{max(8, len(reference) + 3)}} {'vs cuDNN':>8} {'rel.err':>8} nan")
+    for r in rows:
+        print(f"{r['layer']:{width}} {r['layout']:6} {r['config']:{config_width}} {r['registers']:4d} "
+              f"{r['spill_bytes']:5d} {int(r['stream_k']):2d} {r['ms']:8.3f} {r['tflops']:8.1f} "
+              f"{r['vs_reference']:{max(8, len(reference) + 3)}.3f} {r['vs_cudnn']:8.2f} "
+              f"{r['relative_error_vs_cudnn']:8.1e} {'NaN' if r['nan_left'] else '-'}")
