@@ -416,18 +416,48 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     assert not plan("implicit_gemm", partly_idle, arch="sm_90").tiles.tma
 
 
-def test_implicit_gemm_slices_stay_within_a_tap_on_channels_last_data():
-    """Channels-last with C a multiple of 8 but not 16 takes 8-deep slices, which never straddle
-    two taps (GEMM v31: 1.01-1.26x); C a multiple of 16, channels-first data and im2win keep 16."""
+def test_implicit_gemm_takes_8_deep_slices_where_16_would_leave_a_partial_last_slice():
+    """C x taps % 16 == 8 takes 8-deep slices in every layout (GEMM v33: 1.05-1.10x channels-first,
+    1.01-1.26x channels-last); C % 16 == 8 with whole 16-deep slices (a 2x2 filter) keeps 16
+    (0.96-1.02x), and so does im2win, which was not measured."""
     from codegen.families import get_family
 
-    def block_k(family, layout, c):
-        spec = ConvSpec(dims=2, layout=layout, n=8, c=c, k=64, input_size=(28, 28), filter_size=3, padding=1)
+    def block_k(family, layout, c, filter_size=3):
+        spec = ConvSpec(dims=2, layout=layout, n=8, c=c, k=64, input_size=(28, 28), filter_size=filter_size,
+                        padding=1)
         return get_family(family).default_tiles(spec).block_k
 
-    assert [block_k("implicit_gemm", "NHWC", c) for c in (8, 24, 40, 56, 72, 136)] == [8] * 6
-    assert [block_k("implicit_gemm", "NHWC", c) for c in (16, 48, 64, 96)] == [16] * 4
-    assert block_k("implicit_gemm", "NCHW", 72) == block_k("im2win", "NHWC", 72) == 16
+    for layout in ("NHWC", "NCHW"):
+        assert [block_k("implicit_gemm", layout, c) for c in (8, 24, 40, 56, 72, 136)] == [8] * 6
+        assert [block_k("implicit_gemm", layout, c) for c in (16, 48, 64, 96)] == [16] * 4
+        assert [block_k("implicit_gemm", layout, c, (3, 2)) for c in (12, 44)] == [8] * 2
+        assert [block_k("implicit_gemm", layout, c, 2) for c in (24, 56)] == [16] * 2
+    assert block_k("im2win", "NHWC", 72) == 16
+
+
+def test_wide_tiles_where_split_k_would_run_and_their_last_wave_is_full():
+    """GEMM v33's channels-first rule on the layers it was measured on: the wide tiles on every
+    split layer whose wide grid fills its last wave to 90 % (1.04-1.23x), on none of the others
+    (0.85-0.87 full at best: 0.89-0.97x), so on no benchmark layer; channels-last data keeps its own rule."""
+    from pathlib import Path
+
+    from codegen.bench import benchmark_layers, layer_spec, read_shapes_file
+    from codegen.families import get_family
+
+    docs = Path(__file__).parent.parent / "docs" / "shapes"
+    layers = [l for f in ("unseen.json", "tma_rule.json", "channels_first.json") for l in read_shapes_file(docs / f)]
+    layers += benchmark_layers(("conv2d_mec", "conv3d"))
+
+    def wide(layer, layout="NCHW"):
+        layout = {"NCHW": "NCDHW", "NHWC": "NDHWC"}[layout] if "D" in layer else layout
+        tiles = get_family("implicit_gemm").default_tiles(layer_spec(layer, layout, layer["N"]))
+        return (tiles.thread_m, tiles.thread_n, tiles.split_k) == (16, 8, 1)
+
+    assert sorted(l["name"] for l in layers if wide(l)) == sorted([
+        "c3s2_64_128_112", "c5_32_64_64", "c3_128_128_56", "ho_c3_80_128", "ho_c3_96_128", "ho_v3_48_64",
+        "f_c72_3x3", "f_c112_3x3", "wf_c3_96_128_28", "wf_c5_64_64_32", "wf_c3_128_256_14", "wf_v3_32_128",
+        "wf_c3s2_96_64_112"])
+    assert not any(wide(l, "NHWC") for l in layers)
 
 
 def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():

@@ -362,6 +362,16 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
                      thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k)
 
 
+def wide_tiles(base: GemmTiles, gemm_n: int) -> GemmTiles:
+    """``base`` as 128 threads of 16x8 micro-tiles, 8-deep slices, K unsplit: 128x128 tiles where
+    ``gemm_n`` is a multiple of 128, else 256x64 (the shape of ``WIDE_TILES`` that won every
+    channels-first layer the tuner was run on, docs/perf.md GEMM v32)."""
+    block_m, block_n = (128, 128) if gemm_n % 128 == 0 else (256, 64)
+    warp_m, warp_n = _warp_shape(block_m, block_n, 16, 8)
+    return GemmTiles(**{**base.to_dict(), "block_m": block_m, "block_n": block_n, "block_k": 8, "warp_m": warp_m,
+                        "warp_n": warp_n, "thread_m": 16, "thread_n": 8, "split_k": 1})
+
+
 def heuristic_split_k(ctas: int, k_tiles: int) -> int:
     """The heuristic's split-K for an output of ``ctas`` tiles and a K range of ``k_tiles`` slices:
     enough splits to reach ``SPLIT_K_CTAS`` CTAs (at most 16), each keeping ``SPLIT_K_MIN_SLICES``."""

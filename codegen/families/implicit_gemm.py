@@ -65,6 +65,12 @@ the H100 (GEMM v17: conv5 1.07x at 6.1, conv6 1.03x at 3.0; conv11 0.98x at 2.2,
 0.39x at 1.9, conv12 0.62x at 1.5), stream-K tail or not: the cp.async kernel's split-K tiles keep
 more blocks busy than the persistent kernel's few tiles."""
 TRANSPOSE_THREADS = 256
+WIDE_BLOCKS_PER_SM = 2
+"""Blocks of ``gemm.wide_tiles`` resident per SM: 128 threads at 190-200 registers (ptxas -v)."""
+WIDE_MIN_WAVE_FILL = 0.9
+"""How full the last wave of wide tiles must be for ``default_tiles`` to take them: on the H100 they
+won at 0.93-1.00 (13 layers) and lost at 0.85-0.87 (conv10 0.95x, two held-out layers 0.89x and
+0.97x), as at every fill below."""
 
 
 def image_vector_ok(spec: ConvSpec) -> bool:
@@ -80,12 +86,27 @@ class ImplicitGemm(Family):
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        """``gemm.heuristic``, with 8-deep slices on channels-last data whose C is a multiple of 8
-        but not of 16: k runs channel-fastest within a tap there, so 16-deep slices straddle two
-        taps every other tap and 8-deep ones never do.  On the H100 (GEMM v31) 1.01-1.26x on all
-        6 such layers measured (C = 24-72), against 0.95x on C = 48 and 64, where 16 fits."""
+        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md, GEMM v33):
+
+        - on channels-first data, where the heuristic splits K, the 128-thread tiles of 16x8
+          micro-tiles of ``gemm.wide_tiles`` instead, unsplit, wherever their grid fills its last
+          wave of ``WIDE_BLOCKS_PER_SM`` blocks per SM to ``WIDE_MIN_WAVE_FILL`` (1.04-1.23x on all
+          13 such layers, 5 of them held out).  On the 35 split layers with emptier last waves
+          they were slower on 31 (0.07-0.99x) and faster on 4, three of them by the 8-deep slices
+          below;
+        - 8-deep slices where C x taps % 16 == 8, in any layout: the last 16-deep slice would be
+          half padding, and the bound check it needs then guards every copy of every slice
+          (channels-first 1.05-1.10x on all 7 such layers, channels-last 1.01-1.26x on all 8,
+          4 of the 15 held out).  Where C % 16 == 8 but the slices come out whole, 0.96-1.02x:
+          the straddled taps that GEMM v31 blamed cost nothing measurable."""
         tiles = gemm.heuristic(spec)
-        if spec.layout.channels_last and spec.c % 16 == 8 and tiles.block_k == 16:
+        gemm_m, gemm_n, gemm_k = index.gemm_sizes(self.algebra(spec))
+        if not spec.layout.channels_last and tiles.split_k > 1 and gemm_n % 64 == 0:
+            wide = gemm.wide_tiles(tiles, gemm_n)
+            waves = gemm.tile_count(gemm_m, gemm_n, wide.block_m, wide.block_n) / (WIDE_BLOCKS_PER_SM * SM_COUNT_HINT)
+            if waves / math.ceil(waves) >= WIDE_MIN_WAVE_FILL:
+                return wide
+        if gemm_k % 16 == 8 and tiles.block_k == 16:
             return gemm.GemmTiles(**{**tiles.to_dict(), "block_k": 8})
         return tiles
 
