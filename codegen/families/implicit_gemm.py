@@ -69,8 +69,8 @@ WIDE_BLOCKS_PER_SM = 2
 """Blocks of ``gemm.wide_tiles`` resident per SM: 128 threads at 190-200 registers (ptxas -v)."""
 WIDE_MIN_WAVE_FILL = 0.9
 """How full the last wave of wide tiles must be for ``default_tiles`` to take them: on the H100 they
-won at 0.93-1.00 (13 layers) and lost at 0.85-0.87 (conv10 0.95x, two held-out layers 0.89x and
-0.97x), as at every fill below."""
+won at 0.93-1.00 (13 of 13 layers) and lost at 0.85-0.87 (conv10 0.95x, two held-out layers 0.89x
+and 0.97x); below that, on 28 of 32."""
 
 
 def image_vector_ok(spec: ConvSpec) -> bool:
