@@ -88,12 +88,13 @@ class ImplicitGemm(Family):
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
         """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md, GEMM v33):
 
-        - on channels-first data, where the heuristic splits K, the 128-thread tiles of 16x8
-          micro-tiles of ``gemm.wide_tiles`` instead, unsplit, wherever their grid fills its last
-          wave of ``WIDE_BLOCKS_PER_SM`` blocks per SM to ``WIDE_MIN_WAVE_FILL`` (1.04-1.23x on all
-          13 such layers, 5 of them held out).  On the 35 split layers with emptier last waves
-          they were slower on 31 (0.07-0.99x) and faster on 4, three of them by the 8-deep slices
-          below;
+        - where the heuristic splits K, the 128-thread tiles of 16x8 micro-tiles of
+          ``gemm.wide_tiles`` instead, unsplit, wherever their grid fills its last wave of
+          ``WIDE_BLOCKS_PER_SM`` blocks per SM to ``WIDE_MIN_WAVE_FILL``: 1.04-1.23x on all 13
+          such channels-first layers (5 of them held out) and 1.09-1.16x on all 4 channels-last
+          ones (where ``heuristic_tiles`` turns the TMA kernel down).  On the 35 channels-first
+          split layers with emptier last waves they were slower on 31 (0.07-0.99x) and faster on
+          4, three of them by the 8-deep slices below; on 4 such channels-last ones, 0.78-0.91x;
         - 8-deep slices where C x taps % 16 == 8, in any layout: the last 16-deep slice would be
           half padding, and the bound check it needs then guards every copy of every slice
           (channels-first 1.05-1.10x on all 7 such layers, channels-last 1.01-1.26x on all 8,
@@ -101,7 +102,7 @@ class ImplicitGemm(Family):
           the straddled taps that GEMM v31 blamed cost nothing measurable."""
         tiles = gemm.heuristic(spec)
         gemm_m, gemm_n, gemm_k = index.gemm_sizes(self.algebra(spec))
-        if not spec.layout.channels_last and tiles.split_k > 1 and gemm_n % 64 == 0:
+        if tiles.split_k > 1 and gemm_n % 64 == 0:
             wide = gemm.wide_tiles(tiles, gemm_n)
             waves = gemm.tile_count(gemm_m, gemm_n, wide.block_m, wide.block_n) / (WIDE_BLOCKS_PER_SM * SM_COUNT_HINT)
             if waves / math.ceil(waves) >= WIDE_MIN_WAVE_FILL:
