@@ -5,6 +5,8 @@ interleaved rounds in the same process, so that clock drift falls on all of them
 
 Used as a module by the ``ab_*.py`` scripts beside it (run from the repo root with PYTHONPATH=$PWD).
 """
+import argparse
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,9 +28,10 @@ def layer_specs(shapes: Path | None, names, layouts):
 
 def measure(layer_name: str, spec, configs: dict[str, dict], rounds: int, reference: str,
             jobs: int = 16) -> list[dict]:
-    """One row per configuration of ``configs`` (name: tiles; a repeat of an earlier one is left out) on ``spec``: registers and spills,
+    """One row per configuration of ``configs`` (name: tiles) on ``spec``: registers and spills,
     whether NaN was left, relative error to cuDNN, then median time, TFLOP/s, and the ratios to the
-    ``reference`` configuration and to cuDNN."""
+    ``reference`` configuration and to cuDNN.  A configuration equal to an earlier one is left
+    out: it is the same program, and timing it twice tells nothing."""
     import cupy
 
     from codegen.api import build
@@ -37,7 +40,11 @@ def measure(layer_name: str, spec, configs: dict[str, dict], rounds: int, refere
     from codegen.families.gemm import flops as gemm_flops
 
     arch = resolve_arch(None)
-    configs = {name: tiles for i, (name, tiles) in enumerate(configs.items()) if tiles not in list(configs.values())[:i]}
+    distinct = {}
+    for name, tiles in configs.items():
+        if tiles not in distinct.values():
+            distinct[name] = tiles
+    configs = distinct
     with ThreadPoolExecutor(jobs) as pool:
         kernels = dict(zip(configs, pool.map(lambda tiles: build("implicit_gemm", spec, tiles, arch),
                                              configs.values())))
@@ -78,3 +85,28 @@ def print_table(rows: list[dict], reference: str) -> None:
               f"{r['spill_bytes']:5d} {int(r['stream_k']):2d} {r['ms']:8.3f} {r['tflops']:8.1f} "
               f"{r['vs_reference']:{max(8, len(reference) + 3)}.3f} {r['vs_cudnn']:8.2f} "
               f"{r['relative_error_vs_cudnn']:8.1e} {'NaN' if r['nan_left'] else '-'}")
+
+
+def run(doc: str, candidates, reference: str, result_file: str, layouts=("NCHW",)) -> int:
+    """The command line of an A/B over a shapes file (``doc``: the script's docstring, its first line
+    the description): ``candidates(spec)`` names each layer's configurations, none to skip the
+    layer; the rows go to ``result_file`` under --out after every layer, so a run cut short keeps
+    what it measured, and as one table at the end."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("layers", nargs="*", help="layers of the shapes file (default: all)")
+    parser.add_argument("--shapes", type=Path, help="a shapes file (default: shapes.json's 2D and 3D layers)")
+    parser.add_argument("--layouts", nargs="+", default=list(layouts),
+                        help="2D layers run in the 2D layouts given, 3D layers in the matching 3D ones")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for layer, spec in layer_specs(args.shapes, args.layers, args.layouts):
+        configs = candidates(spec)
+        if configs:
+            results += measure(layer["name"], spec, configs, args.rounds, reference)
+            (args.out / result_file).write_text(json.dumps(results, indent=1))
+    print_table(results, reference)
+    return 0

@@ -1,20 +1,16 @@
-"""A/B of 128-thread CTA tiles of 16x8 micro-tiles on channels-first data (docs/perf.md, GEMM v33),
-on the GPU: the shape of cuBLAS's and cuDNN's fp32 SIMT kernels, and of every tuned winner on the
-channels-first layers where the heuristic fell under cuDNN (GEMM v32: 128x128 tiles where K = 128,
-256x64 where K = 64, 8-deep slices, split-K 1).  Each layer whose K is a multiple of 64 runs the
+"""A/B of 128-thread CTA tiles of 16x8 micro-tiles (docs/perf.md, GEMM v33), on the GPU, on
+channels-first data unless --layouts says otherwise: the shape of cuBLAS's and cuDNN's fp32 SIMT
+kernels, and of every tuned winner on the channels-first layers where the heuristic fell under
+cuDNN (GEMM v32: 128x128 tiles where K = 128, 256x64 where K = 64, 8-deep slices, split-K 1).  Each layer whose K is a multiple of 64 runs the
 heuristic, the heuristic with 8-deep slices, and the wide tiles with 8- and 16-deep slices, as
 16x8 and 8x16 micro-tiles, and with the heuristic's split-K rule where it would split; measured as
-``ab_harness`` does (checked against cuDNN, interleaved rounds).  Rows are written to
-``ab-wide-tiles.json`` after every layer, so a run cut short keeps what it measured.
+``ab_harness`` does (checked against cuDNN, interleaved rounds), into ``ab-wide-tiles.json``.
 
     PYTHONPATH=$PWD python3 scripts/ab_wide_tiles.py [--shapes F] [--layouts L ...] [--out DIR] [LAYER ...]
 """
-import argparse
-import json
 import sys
-from pathlib import Path
 
-from ab_harness import layer_specs, measure, print_table
+from ab_harness import run
 
 
 def candidate_tiles(spec) -> dict[str, dict]:
@@ -41,26 +37,5 @@ def candidate_tiles(spec) -> dict[str, dict]:
     return configs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layers", nargs="*", help="layers of the shapes file (default: all)")
-    parser.add_argument("--shapes", type=Path, help="a shapes file (default: shapes.json's 2D and 3D layers)")
-    parser.add_argument("--layouts", nargs="+", default=["NCHW"],
-                        help="2D layers run in the 2D layouts given, 3D layers in the matching 3D ones")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for layer, spec in layer_specs(args.shapes, args.layers, args.layouts):
-        configs = candidate_tiles(spec)
-        if configs:
-            results += measure(layer["name"], spec, configs, args.rounds, "heuristic")
-            (args.out / "ab-wide-tiles.json").write_text(json.dumps(results, indent=1))
-    print_table(results, "heuristic")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, candidate_tiles, "heuristic", "ab-wide-tiles.json"))
