@@ -494,6 +494,35 @@ def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
         assert kernel(long_k) == ("tma", 8), long_k
 
 
+def test_tma_rule_takes_one_full_round_of_tiles_where_k_is_long():
+    """GEMM v33: with a stream-K tail and 1-2 tiles per SM, the TMA kernel where its tiles keep
+    their full block_m and C x taps is at least 1024 (1.03-1.27x on all 13 measured, 6 held out);
+    not below 1024 (0.86-1.10x), nor where block_m was halved (0.45-0.70x), nor on the benchmark's
+    conv12 and unet3d_down (halved; 0.78x and 0.62x in GEMM v14-v16)."""
+    from pathlib import Path
+
+    from codegen.bench import benchmark_layers, layer_spec, read_shapes_file
+    from codegen.families import get_family
+
+    docs = Path(__file__).parent.parent / "docs" / "shapes"
+    layers = {l["name"]: l for f in ("unseen.json", "tma_rule.json") for l in read_shapes_file(docs / f)}
+    layers.update({l["name"]: l for l in benchmark_layers(("conv2d_mec", "conv3d"))})
+
+    def takes_tma(name):
+        layer = layers[name]
+        spec = layer_spec(layer, "NDHWC" if "D" in layer else "NHWC", layer["N"])
+        return get_family("implicit_gemm").heuristic_tiles(spec, "sm_90").tma
+
+    taken = ("pw_1024_256_14", "ho_v3_64_64", "r50_l2_3x3s2", "r50_l2_3x3", "r50_l4_reduce", "r50_l4_down",
+             "aspp_dil12", "lt_c3_256_256_14", "lt_c3_512_128_7", "lt_c3_128_256_14", "lt_v3_64_64_16",
+             "lt_pw_1024_256_14", "lt_c3s2_256_512_28")
+    assert [name for name in taken if not takes_tma(name)] == []
+    declined = ("pw_512_128_14", "r50_l2_squeeze", "r50_l4_expand", "inception_7x1", "lt_pw_640_128_14",
+                "lt_c3_96_128_14", "r50_l3_3x3", "r50_l3_squeeze", "r50_l4_3x3", "inception_1x7", "conv12",
+                "unet3d_down")
+    assert [name for name in declined if takes_tma(name)] == []
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 @pytest.mark.parametrize("layout, c, tiles, where", [
     ("NCHW", 64, None, "__constant__"),

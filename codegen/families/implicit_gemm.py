@@ -59,6 +59,12 @@ H100 (GEMM v30), of the channels-last layers the older rule gave it: with 8x8 mi
 0.32-1.00x the cp.async kernel on 19 of 22 (pointwise layers of 64-320 channels, small filters;
 1.01-1.04x on the other 3), with 16-row ones 1.17-1.78x on the 8 whose channels fill the boxes,
 and at 512 and above it won on all 23 (1.06-1.50x)."""
+TMA_ONE_ROUND_MIN_GEMM_K = 1024
+"""C x taps from which the heuristic also takes the TMA kernel with a stream-K tail and fewer than
+``TMA_MIN_STREAM_K_TILES_PER_SM`` tiles per SM, provided they are at least one round of tiles at
+full size (block_m not halved): on the H100 (GEMM v33) it ran 1.03-1.27x the cp.async kernel on
+all 13 such layers (6 held out), and 0.86-1.10x on the 6 measured below 1024 (faster on 2).  Where
+``tma_tiles`` had halved block_m to fill the SMs it lost on all 9 measured (0.45-0.70x)."""
 TMA_MIN_GATHER_TILES_PER_SM = 3
 """Fewest tiles per SM at which the gathered (channels-first) TMA kernel beat the cp.async kernel on
 the H100 (GEMM v17: conv5 1.07x at 6.1, conv6 1.03x at 3.0; conv11 0.98x at 2.2, unet3d_down
@@ -121,7 +127,8 @@ class ImplicitGemm(Family):
         from 81 channels-last layers (GEMM v30): C x taps at least ``TMA_MIN_GEMM_K`` unless the
         tiles have 16-row micro-tiles, and C padded to the kernel's 32-channel boxes less than 4/3
         of C (each tap's last box is part padding: C = 16 wastes half its FMAs, 0.70-0.71x; C = 80
-        a sixth, and the kernel still won, 1.16x).  Channels-first data
+        a sixth, and the kernel still won, 1.16x).  With a stream-K tail it also takes one round of
+        full-size tiles where C x taps reaches ``TMA_ONE_ROUND_MIN_GEMM_K`` (GEMM v33).  Channels-first data
         keeps the cp.async kernel, which needs no workspace: the gathered TMA kernel (``tma=True``)
         ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
         (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
@@ -134,8 +141,11 @@ class ImplicitGemm(Family):
         if gemm.pads_by_a_third(boxed_c, spec.c) or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
             return self.default_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
-        least = TMA_MIN_STREAM_K_TILES_PER_SM if takes_stream_k(tiles, count, blocks) else TMA_MIN_TILES_PER_SM
-        return tiles if count >= least * SM_COUNT_HINT else self.default_tiles(spec)
+        stream_k = takes_stream_k(tiles, count, blocks)
+        least = TMA_MIN_STREAM_K_TILES_PER_SM if stream_k else TMA_MIN_TILES_PER_SM
+        one_full_round = (stream_k and count >= SM_COUNT_HINT and gemm_k >= TMA_ONE_ROUND_MIN_GEMM_K
+                          and tiles.block_m == tma_full_block_m(tiles.thread_m, tiles.block_n))
+        return tiles if count >= least * SM_COUNT_HINT or one_full_round else self.default_tiles(spec)
 
     def tiles_within(self, spec: ConvSpec, limit: int) -> gemm.GemmTiles:
         """The portable cp.async kernel, which needs no workspace (the TMA kernel's is its
@@ -154,16 +164,13 @@ class ImplicitGemm(Family):
         micro-tile."""
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         block_n = 128 if gemm_n > 64 else 64
-        wide_m = 8 * 64 * 64 // block_n
         if thread_m is None:
+            wide_m = tma_full_block_m(16, block_n)
             enough = gemm.tile_count(gemm_m, gemm_n, wide_m, block_n) >= TMA_MIN_TILES_PER_SM * SM_COUNT_HINT
             thread_m = 16 if enough and gemm_n % 64 == 0 else 8
-        if thread_m == 16:
-            block_m = wide_m
-        else:
-            block_m = 128 if block_n == 128 else 256
-            while block_m > 32 and gemm.tile_count(gemm_m, gemm_n, block_m, block_n) < SM_COUNT_HINT:
-                block_m //= 2
+        block_m = tma_full_block_m(thread_m, block_n)
+        while thread_m == 8 and block_m > 32 and gemm.tile_count(gemm_m, gemm_n, block_m, block_n) < SM_COUNT_HINT:
+            block_m //= 2
         tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, warp_m=4 * thread_m, thread_m=thread_m, stages=2,
                                tma=True, **gemm.TMA_FIXED)
         for stages in range(TMA_STAGES, 2, -1):
@@ -385,6 +392,14 @@ STREAM_K_16X8_MAX_TAIL = 0.1
 """The 16x8 kernels stream their tail only where whole tiles idle at least this share of the
 block-time and the tail is at most this share of the tiles: its loop, in a launch of its own,
 runs slower than the whole-tile loop (docs/perf.md, GEMM v16)."""
+
+
+def tma_full_block_m(thread_m: int, block_n: int) -> int:
+    """The TMA kernel's block_m before ``tma_tiles`` halves it to give every SM a tile: 8 consumer
+    warps of 64x64 with 16-row micro-tiles, else 128 (256 where the tiles are 64 channels wide)."""
+    if thread_m == 16:
+        return 8 * 64 * 64 // block_n
+    return 128 if block_n == 128 else 256
 
 
 def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
