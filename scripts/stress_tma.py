@@ -11,7 +11,7 @@ more than 1 % of the mean output magnitude (as in ``ab_stage_release.py``); fp32
 four orders of magnitude below that.  Kernels compile first in parallel processes into the disk
 cache.  Exits 1 if any run had a wrong element.
 
-    PYTHONPATH=$PWD python3 scripts/stress_tma.py [--runs N] [--jobs N] [--out DIR] [LAYER ...]
+    PYTHONPATH=$PWD python3 scripts/stress_tma.py [--shapes F] [--runs N] [--jobs N] [--out DIR] [LAYER ...]
 """
 import argparse
 import json
@@ -22,15 +22,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
-def cases(layer_names) -> list[tuple[str, str, dict, object]]:
-    """(layer, micro-tile label, tiles, spec) of every TMA kernel to stress."""
-    from codegen.bench import layer_spec, load_shapes, select_layers, tiles_for
+def cases(layer_names, shapes_file: Path | None = None) -> list[tuple[str, str, dict, object]]:
+    """(layer, micro-tile label, tiles, spec) of every TMA kernel to stress, on the benchmark layers
+    or on those of ``shapes_file``."""
+    from codegen.bench import benchmark_layers, layer_spec, load_shapes, select_layers, tiles_for
     from codegen.families import implicit_gemm
     from codegen.spec import SpecError
 
     shapes = load_shapes()
     found = []
-    for layer in select_layers(shapes["conv2d_mec"] + shapes["conv3d"], layer_names):
+    for layer in select_layers(benchmark_layers(("conv2d_mec", "conv3d"), shapes_file), layer_names):
         for layout in ("NCDHW", "NDHWC") if "D" in layer else ("NCHW", "NHWC"):
             spec = layer_spec(layer, layout, layer["N"])
             if not implicit_gemm.tma_suits(spec):
@@ -42,7 +43,7 @@ def cases(layer_names) -> list[tuple[str, str, dict, object]]:
                 except SpecError:
                     continue
                 found.append((layer["name"], f"implicit_gemm {thread_m}x8", tiles.to_dict(), spec))
-    if not layer_names:
+    if not layer_names and shapes_file is None:
         for layer in shapes["filter2d"]:
             spec = layer_spec(layer, "NCHW", layer["N"])
             found.append((layer["name"], "direct tiled_tma", tiles_for(spec, "tiled_tma"), spec))
@@ -60,7 +61,9 @@ def compile_one(case) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layers", nargs="*", help="layers of shapes.json (default: all, and the filters)")
+    parser.add_argument("layers", nargs="*", help="layers of shapes.json or of --shapes (default: all, and the "
+                        "filters where no --shapes is given)")
+    parser.add_argument("--shapes", type=Path, help="a shapes file of the package's form (default: shapes.json)")
     parser.add_argument("--runs", type=int, default=10, help="checked launches per kernel")
     parser.add_argument("--jobs", type=int, default=12, help="compiling processes")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
@@ -69,7 +72,7 @@ def main() -> int:
     from codegen.api import build
     from codegen.bench import CudnnCase
 
-    todo = cases(args.layers)
+    todo = cases(args.layers, args.shapes)
     start = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for done, _ in enumerate(pool.map(compile_one, todo), 1):
