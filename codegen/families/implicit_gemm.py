@@ -103,8 +103,8 @@ class ImplicitGemm(Family):
           4, three of them by the 8-deep slices below; on 4 such channels-last ones, 0.78-0.91x;
         - 8-deep slices where C x taps % 16 == 8, in any layout: the last 16-deep slice would be
           half padding, and the bound check it needs then guards every copy of every slice
-          (channels-first 1.05-1.10x on all 7 such layers, channels-last 1.01-1.26x on all 8,
-          4 of the 15 held out).  Where C % 16 == 8 but the slices come out whole, 0.96-1.02x:
+          (channels-first 1.05-1.10x on 7 of 8 such layers, 0.98x on a 5x5 stride-2 one with
+          K = 40; channels-last 1.01-1.26x on all 8; 5 of the 16 held out).  Where C % 16 == 8 but the slices come out whole, 0.96-1.02x:
           the straddled taps that GEMM v31 blamed cost nothing measurable."""
         tiles = gemm.heuristic(spec)
         gemm_m, gemm_n, gemm_k = index.gemm_sizes(self.algebra(spec))
