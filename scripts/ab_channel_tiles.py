@@ -5,15 +5,13 @@ layer runs the heuristic and tiles 32, 48, 64, 96, 128 and 144 channels wide (8x
 widths that are multiples of 48, and 4x12) at several block_m, split-K by the heuristic's own rule;
 measured as ``ab_harness`` does (checked against cuDNN, interleaved rounds).
 
-    PYTHONPATH=$PWD python3 scripts/ab_channel_tiles.py [--shapes F] [--layouts L ...] [--out DIR] LAYER ...
+    PYTHONPATH=$PWD python3 scripts/ab_channel_tiles.py [--shapes F] [--layouts L ...] [--out DIR] [LAYER ...]
 """
-import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
-from ab_harness import layer_specs, measure, print_table
+from ab_harness import run
 
 WIDTHS = (32, 48, 64, 96, 128, 144)
 BLOCK_M = (64, 128, 256)
@@ -44,24 +42,6 @@ def candidate_tiles(spec) -> dict[str, dict]:
     return configs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layers", nargs="+")
-    parser.add_argument("--shapes", type=Path, default=Path("docs/shapes/unseen.json"))
-    parser.add_argument("--layouts", nargs="+", default=["NCHW", "NHWC"],
-                        help="2D layers run in the 2D layouts given, 3D layers in the matching 3D ones")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-
-    results = []
-    for layer, spec in layer_specs(args.shapes, args.layers, args.layouts):
-        results += measure(layer["name"], spec, candidate_tiles(spec), args.rounds, "heuristic")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ab-channel-tiles.json").write_text(json.dumps(results, indent=1))
-    print_table(results, "heuristic")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, candidate_tiles, "heuristic", "ab-channel-tiles.json", layouts=("NCHW", "NHWC"),
+                 shapes=Path("docs/shapes/unseen.json")))

@@ -5,34 +5,20 @@ gather A with cp.async (``tma=True`` on NCHW/NCDHW; B still comes through TMA), 
 
     PYTHONPATH=$PWD python3 scripts/ab_channels_first.py [--out DIR] [--rounds N] [LAYER ...]
 """
-import argparse
-import json
 import sys
-from pathlib import Path
 
-from ab_harness import layer_specs, measure, print_table
+from ab_harness import run
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layers", nargs="*", default=["conv4", "conv8", "c3d_conv2"])
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-
+def candidate_tiles(spec) -> dict[str, dict]:
+    """The portable kernel's tiles and the TMA kernel's with 16x8 and 8x8 micro-tiles."""
     from codegen.families import implicit_gemm
 
-    results = []
-    for layer, spec in layer_specs(None, args.layers, ["NCHW"]):
-        configs = {"cp.async": implicit_gemm.FAMILY.default_tiles(spec).to_dict(),
-                   "tma 16x8": implicit_gemm.FAMILY.tma_tiles(spec, 16).to_dict(),
-                   "tma 8x8": implicit_gemm.FAMILY.tma_tiles(spec, 8).to_dict()}
-        results += measure(layer["name"], spec, configs, args.rounds, "cp.async")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ab-channels-first.json").write_text(json.dumps(results, indent=1))
-    print_table(results, "cp.async")
-    return 0
+    return {"cp.async": implicit_gemm.FAMILY.default_tiles(spec).to_dict(),
+            "tma 16x8": implicit_gemm.FAMILY.tma_tiles(spec, 16).to_dict(),
+            "tma 8x8": implicit_gemm.FAMILY.tma_tiles(spec, 8).to_dict()}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, candidate_tiles, "cp.async", "ab-channels-first.json",
+                 layers=("conv4", "conv8", "c3d_conv2"), rounds=5))

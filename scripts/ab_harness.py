@@ -87,18 +87,22 @@ def print_table(rows: list[dict], reference: str) -> None:
               f"{r['relative_error_vs_cudnn']:8.1e} {'NaN' if r['nan_left'] else '-'}")
 
 
-def run(doc: str, candidates, reference: str, result_file: str, layouts=("NCHW",)) -> int:
+def run(doc: str, candidates, reference: str, result_file: str, layouts=("NCHW",), shapes: Path | None = None,
+        layers=(), rounds: int = 3) -> int:
     """The command line of an A/B over a shapes file (``doc``: the script's docstring, its first line
-    the description): ``candidates(spec)`` names each layer's configurations, none to skip the
-    layer; the rows go to ``result_file`` under --out after every layer, so a run cut short keeps
-    what it measured, and as one table at the end."""
+    the description; ``layouts``, ``shapes``, ``layers`` and ``rounds``: the defaults of its
+    options): ``candidates(spec)`` names each layer's configurations, none to skip the layer; the
+    rows go to ``result_file`` under --out after every layer, so a run cut short keeps what it
+    measured, and as one table at the end."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("layers", nargs="*", help="layers of the shapes file (default: all)")
-    parser.add_argument("--shapes", type=Path, help="a shapes file (default: shapes.json's 2D and 3D layers)")
+    parser.add_argument("layers", nargs="*", default=list(layers),
+                        help=f"layers of the shapes file (default: {' '.join(layers) or 'all'})")
+    parser.add_argument("--shapes", type=Path, default=shapes,
+                        help=f"a shapes file (default: {shapes or 'shapes.json, its 2D and 3D layers'})")
     parser.add_argument("--layouts", nargs="+", default=list(layouts),
                         help="2D layers run in the 2D layouts given, 3D layers in the matching 3D ones")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=rounds)
     args = parser.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
