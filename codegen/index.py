@@ -771,9 +771,10 @@ def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> d
 
 def unselected_addresses_inside(algebra: IndexAlgebra, terms: dict) -> bool:
     """Whether A's address base(pixel) + delta(row) lies inside its source for every pixel and
-    row, and base(pixel) alone too (delta 0, the precomputed table's rows past K): true when no
-    axis is padded, since the output size keeps every tap of every pixel inside.  A kernel then
-    forms the address of an element it does not load (a row past K, a pixel past M) without a
+    row, and base(pixel) alone too (delta 0, the precomputed table's padding rows of the residue
+    slice): true when no axis is padded, since the output size keeps every tap of every pixel
+    inside.  A kernel then forms the address of an element it does not load (a padding row of
+    the residue slice, a pixel past M) without a
     select; on a padded axis a tap can fall outside the source."""
     return not terms["a_checked"]
 

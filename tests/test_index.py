@@ -617,7 +617,7 @@ def test_cancellation_is_below_one_on_ordinary_outputs_and_above_where_they_canc
 
 def test_unselected_addresses_are_inside_only_without_padding():
     """The rule that lets GEMM kernels drop the pointer select: without padding every base + delta
-    (and base alone, the table's rows past K) is inside the image; with padding some are not."""
+    (and base alone, the table's padding rows of the residue slice) is inside the image; with padding some are not."""
     def formed(spec):
         alg = IndexAlgebra(spec)
         terms = index.gemm_terms(alg, "image")

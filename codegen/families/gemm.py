@@ -520,12 +520,13 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         "splits": splits, "k_per_split": k_per_split,
         "n_tiles": -(-gemm_n // tiles.block_n), "pixels_fast": terms["y_oc_stride"] != 1,
         "m_tail": gemm_m % tiles.block_m != 0, "n_tail": gemm_n % tiles.block_n != 0,
-        "k_tail": gemm_k % tiles.block_k != 0,
-        # Computed offsets (no table) of rows past K point past the image, so they keep the select too.
+        "k_tail": gemm_k % tiles.block_k != 0, "k_pad": k_tiles * tiles.block_k - gemm_k,
+        # Computed offsets (no table) of the residue slice's padding rows (rows below 0) point outside
+        # the image, so they keep the select too.
         "a_select": not index.unselected_addresses_inside(alg, terms) or (gemm_k % tiles.block_k != 0
                                                                            and not tiles.precomp),
         "a_vec": a_vec, "b_vec": b_vec, "a_load": a_load, "b_load": b_load,
-        "table": table + [(0,) * len(table[0])] * (table_rows - gemm_k) if table else [],
+        "table": [(0,) * len(table[0])] * (table_rows - gemm_k) + table if table else [],
         "table_width": table_width,
         "table_slots": table_slots,
         "table_in_constant": table_in_constant(a_load, table_rows * table_slots * 4),

@@ -75,7 +75,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_9fc307b30e_rows[1152] = {
     0,3,6,1,4,7,2,5,
@@ -280,8 +280,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 128));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -289,8 +289,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 1 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -298,8 +298,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 2 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -307,8 +307,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 3 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -316,8 +316,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 4 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -325,8 +325,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 5 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -334,8 +334,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 6 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -343,8 +343,8 @@ convgen_im2win_precomp_9fc307b30e(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 7 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_9fc307b30e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_9fc307b30e_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

@@ -75,7 +75,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_c0f18ec9d1_rows[2304] = {
     0,3,6,1,4,7,2,5,
@@ -424,8 +424,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -433,8 +433,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -442,8 +442,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -451,8 +451,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -460,8 +460,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -469,8 +469,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -478,8 +478,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -487,8 +487,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -496,8 +496,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -505,8 +505,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -514,8 +514,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -523,8 +523,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -532,8 +532,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -541,8 +541,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -550,8 +550,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -559,8 +559,8 @@ convgen_im2win_precomp_c0f18ec9d1(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_c0f18ec9d1_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

@@ -75,55 +75,55 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_161d1cfa6d_rows[368] = {
-    0,11,22,33,44,55,66,77,
-    88,99,110,1,12,23,34,45,
-    56,67,78,89,100,111,2,13,
-    24,35,46,57,68,79,90,101,
-    112,3,14,25,36,47,58,69,
-    80,91,102,113,4,15,26,37,
-    48,59,70,81,92,103,114,5,
-    16,27,38,49,60,71,82,93,
-    104,115,6,17,28,39,50,61,
-    72,83,94,105,116,7,18,29,
-    40,51,62,73,84,95,106,117,
-    8,19,30,41,52,63,74,85,
-    96,107,118,9,20,31,42,53,
-    64,75,86,97,108,119,10,21,
-    32,43,54,65,76,87,98,109,
-    120,137335,137346,137357,137368,137379,137390,137401,
-    137412,137423,137434,137445,137336,137347,137358,137369,
-    137380,137391,137402,137413,137424,137435,137446,137337,
-    137348,137359,137370,137381,137392,137403,137414,137425,
-    137436,137447,137338,137349,137360,137371,137382,137393,
-    137404,137415,137426,137437,137448,137339,137350,137361,
-    137372,137383,137394,137405,137416,137427,137438,137449,
-    137340,137351,137362,137373,137384,137395,137406,137417,
-    137428,137439,137450,137341,137352,137363,137374,137385,
-    137396,137407,137418,137429,137440,137451,137342,137353,
-    137364,137375,137386,137397,137408,137419,137430,137441,
-    137452,137343,137354,137365,137376,137387,137398,137409,
-    137420,137431,137442,137453,137344,137355,137366,137377,
-    137388,137399,137410,137421,137432,137443,137454,137345,
-    137356,137367,137378,137389,137400,137411,137422,137433,
-    137444,137455,274670,274681,274692,274703,274714,274725,
-    274736,274747,274758,274769,274780,274671,274682,274693,
-    274704,274715,274726,274737,274748,274759,274770,274781,
-    274672,274683,274694,274705,274716,274727,274738,274749,
-    274760,274771,274782,274673,274684,274695,274706,274717,
-    274728,274739,274750,274761,274772,274783,274674,274685,
-    274696,274707,274718,274729,274740,274751,274762,274773,
-    274784,274675,274686,274697,274708,274719,274730,274741,
-    274752,274763,274774,274785,274676,274687,274698,274709,
-    274720,274731,274742,274753,274764,274775,274786,274677,
-    274688,274699,274710,274721,274732,274743,274754,274765,
-    274776,274787,274678,274689,274700,274711,274722,274733,
-    274744,274755,274766,274777,274788,274679,274690,274701,
-    274712,274723,274734,274745,274756,274767,274778,274789,
-    274680,274691,274702,274713,274724,274735,274746,274757,
-    274768,274779,274790,0,0,0,0,0
+    0,0,0,0,0,0,11,22,
+    33,44,55,66,77,88,99,110,
+    1,12,23,34,45,56,67,78,
+    89,100,111,2,13,24,35,46,
+    57,68,79,90,101,112,3,14,
+    25,36,47,58,69,80,91,102,
+    113,4,15,26,37,48,59,70,
+    81,92,103,114,5,16,27,38,
+    49,60,71,82,93,104,115,6,
+    17,28,39,50,61,72,83,94,
+    105,116,7,18,29,40,51,62,
+    73,84,95,106,117,8,19,30,
+    41,52,63,74,85,96,107,118,
+    9,20,31,42,53,64,75,86,
+    97,108,119,10,21,32,43,54,
+    65,76,87,98,109,120,137335,137346,
+    137357,137368,137379,137390,137401,137412,137423,137434,
+    137445,137336,137347,137358,137369,137380,137391,137402,
+    137413,137424,137435,137446,137337,137348,137359,137370,
+    137381,137392,137403,137414,137425,137436,137447,137338,
+    137349,137360,137371,137382,137393,137404,137415,137426,
+    137437,137448,137339,137350,137361,137372,137383,137394,
+    137405,137416,137427,137438,137449,137340,137351,137362,
+    137373,137384,137395,137406,137417,137428,137439,137450,
+    137341,137352,137363,137374,137385,137396,137407,137418,
+    137429,137440,137451,137342,137353,137364,137375,137386,
+    137397,137408,137419,137430,137441,137452,137343,137354,
+    137365,137376,137387,137398,137409,137420,137431,137442,
+    137453,137344,137355,137366,137377,137388,137399,137410,
+    137421,137432,137443,137454,137345,137356,137367,137378,
+    137389,137400,137411,137422,137433,137444,137455,274670,
+    274681,274692,274703,274714,274725,274736,274747,274758,
+    274769,274780,274671,274682,274693,274704,274715,274726,
+    274737,274748,274759,274770,274781,274672,274683,274694,
+    274705,274716,274727,274738,274749,274760,274771,274782,
+    274673,274684,274695,274706,274717,274728,274739,274750,
+    274761,274772,274783,274674,274685,274696,274707,274718,
+    274729,274740,274751,274762,274773,274784,274675,274686,
+    274697,274708,274719,274730,274741,274752,274763,274774,
+    274785,274676,274687,274698,274709,274720,274731,274742,
+    274753,274764,274775,274786,274677,274688,274699,274710,
+    274721,274732,274743,274754,274765,274776,274787,274678,
+    274689,274700,274711,274722,274733,274744,274755,274766,
+    274777,274788,274679,274690,274701,274712,274723,274734,
+    274745,274756,274767,274778,274789,274680,274691,274702,
+    274713,274724,274735,274746,274757,274768,274779,274790
 };
 
 // Implicit GEMM y[387200 x 96] = A[387200 x 363] * B[363 x 96]: A(m, row) is read from the im2win tensor, whose stored
@@ -179,148 +179,168 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_161d1cfa6d_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
@@ -328,8 +348,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -337,8 +357,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -346,8 +366,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -355,8 +375,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -364,8 +384,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -373,8 +393,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -382,8 +402,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -391,8 +411,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -400,8 +420,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -409,8 +429,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -418,8 +438,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -427,8 +447,8 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -450,7 +470,7 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -490,7 +510,7 @@ convgen_im2win_precomp_161d1cfa6d(const float* __restrict__ win, const float* __
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -75,55 +75,55 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_e2e254c219_rows[368] = {
-    0,11,22,33,44,55,66,77,
-    88,99,110,1,12,23,34,45,
-    56,67,78,89,100,111,2,13,
-    24,35,46,57,68,79,90,101,
-    112,3,14,25,36,47,58,69,
-    80,91,102,113,4,15,26,37,
-    48,59,70,81,92,103,114,5,
-    16,27,38,49,60,71,82,93,
-    104,115,6,17,28,39,50,61,
-    72,83,94,105,116,7,18,29,
-    40,51,62,73,84,95,106,117,
-    8,19,30,41,52,63,74,85,
-    96,107,118,9,20,31,42,53,
-    64,75,86,97,108,119,10,21,
-    32,43,54,65,76,87,98,109,
-    120,142296,142307,142318,142329,142340,142351,142362,
-    142373,142384,142395,142406,142297,142308,142319,142330,
-    142341,142352,142363,142374,142385,142396,142407,142298,
-    142309,142320,142331,142342,142353,142364,142375,142386,
-    142397,142408,142299,142310,142321,142332,142343,142354,
-    142365,142376,142387,142398,142409,142300,142311,142322,
-    142333,142344,142355,142366,142377,142388,142399,142410,
-    142301,142312,142323,142334,142345,142356,142367,142378,
-    142389,142400,142411,142302,142313,142324,142335,142346,
-    142357,142368,142379,142390,142401,142412,142303,142314,
-    142325,142336,142347,142358,142369,142380,142391,142402,
-    142413,142304,142315,142326,142337,142348,142359,142370,
-    142381,142392,142403,142414,142305,142316,142327,142338,
-    142349,142360,142371,142382,142393,142404,142415,142306,
-    142317,142328,142339,142350,142361,142372,142383,142394,
-    142405,142416,284592,284603,284614,284625,284636,284647,
-    284658,284669,284680,284691,284702,284593,284604,284615,
-    284626,284637,284648,284659,284670,284681,284692,284703,
-    284594,284605,284616,284627,284638,284649,284660,284671,
-    284682,284693,284704,284595,284606,284617,284628,284639,
-    284650,284661,284672,284683,284694,284705,284596,284607,
-    284618,284629,284640,284651,284662,284673,284684,284695,
-    284706,284597,284608,284619,284630,284641,284652,284663,
-    284674,284685,284696,284707,284598,284609,284620,284631,
-    284642,284653,284664,284675,284686,284697,284708,284599,
-    284610,284621,284632,284643,284654,284665,284676,284687,
-    284698,284709,284600,284611,284622,284633,284644,284655,
-    284666,284677,284688,284699,284710,284601,284612,284623,
-    284634,284645,284656,284667,284678,284689,284700,284711,
-    284602,284613,284624,284635,284646,284657,284668,284679,
-    284690,284701,284712,0,0,0,0,0
+    0,0,0,0,0,0,11,22,
+    33,44,55,66,77,88,99,110,
+    1,12,23,34,45,56,67,78,
+    89,100,111,2,13,24,35,46,
+    57,68,79,90,101,112,3,14,
+    25,36,47,58,69,80,91,102,
+    113,4,15,26,37,48,59,70,
+    81,92,103,114,5,16,27,38,
+    49,60,71,82,93,104,115,6,
+    17,28,39,50,61,72,83,94,
+    105,116,7,18,29,40,51,62,
+    73,84,95,106,117,8,19,30,
+    41,52,63,74,85,96,107,118,
+    9,20,31,42,53,64,75,86,
+    97,108,119,10,21,32,43,54,
+    65,76,87,98,109,120,142296,142307,
+    142318,142329,142340,142351,142362,142373,142384,142395,
+    142406,142297,142308,142319,142330,142341,142352,142363,
+    142374,142385,142396,142407,142298,142309,142320,142331,
+    142342,142353,142364,142375,142386,142397,142408,142299,
+    142310,142321,142332,142343,142354,142365,142376,142387,
+    142398,142409,142300,142311,142322,142333,142344,142355,
+    142366,142377,142388,142399,142410,142301,142312,142323,
+    142334,142345,142356,142367,142378,142389,142400,142411,
+    142302,142313,142324,142335,142346,142357,142368,142379,
+    142390,142401,142412,142303,142314,142325,142336,142347,
+    142358,142369,142380,142391,142402,142413,142304,142315,
+    142326,142337,142348,142359,142370,142381,142392,142403,
+    142414,142305,142316,142327,142338,142349,142360,142371,
+    142382,142393,142404,142415,142306,142317,142328,142339,
+    142350,142361,142372,142383,142394,142405,142416,284592,
+    284603,284614,284625,284636,284647,284658,284669,284680,
+    284691,284702,284593,284604,284615,284626,284637,284648,
+    284659,284670,284681,284692,284703,284594,284605,284616,
+    284627,284638,284649,284660,284671,284682,284693,284704,
+    284595,284606,284617,284628,284639,284650,284661,284672,
+    284683,284694,284705,284596,284607,284618,284629,284640,
+    284651,284662,284673,284684,284695,284706,284597,284608,
+    284619,284630,284641,284652,284663,284674,284685,284696,
+    284707,284598,284609,284620,284631,284642,284653,284664,
+    284675,284686,284697,284708,284599,284610,284621,284632,
+    284643,284654,284665,284676,284687,284698,284709,284600,
+    284611,284622,284633,284644,284655,284666,284677,284688,
+    284699,284710,284601,284612,284623,284634,284645,284656,
+    284667,284678,284689,284700,284711,284602,284613,284624,
+    284635,284646,284657,284668,284679,284690,284701,284712
 };
 
 // Implicit GEMM y[401408 x 96] = A[401408 x 363] * B[363 x 96]: A(m, row) is read from the im2win tensor, whose stored
@@ -179,148 +179,168 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e2e254c219_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_e2e254c219_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
@@ -328,8 +348,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -337,8 +357,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -346,8 +366,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -355,8 +375,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -364,8 +384,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -373,8 +393,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -382,8 +402,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -391,8 +411,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -400,8 +420,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -409,8 +429,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -418,8 +438,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -427,8 +447,8 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -450,7 +470,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -490,7 +510,7 @@ convgen_im2win_precomp_e2e254c219(const float* __restrict__ win, const float* __
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -75,29 +75,29 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; the first 13 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_c0c3177783_rows[160] = {
-    0,7,14,21,28,35,42,1,
-    8,15,22,29,36,43,2,9,
-    16,23,30,37,44,3,10,17,
-    24,31,38,45,4,11,18,25,
-    32,39,46,5,12,19,26,33,
-    40,47,6,13,20,27,34,41,
-    48,176379,176386,176393,176400,176407,176414,176421,
-    176380,176387,176394,176401,176408,176415,176422,176381,
-    176388,176395,176402,176409,176416,176423,176382,176389,
-    176396,176403,176410,176417,176424,176383,176390,176397,
-    176404,176411,176418,176425,176384,176391,176398,176405,
-    176412,176419,176426,176385,176392,176399,176406,176413,
-    176420,176427,352758,352765,352772,352779,352786,352793,
-    352800,352759,352766,352773,352780,352787,352794,352801,
-    352760,352767,352774,352781,352788,352795,352802,352761,
-    352768,352775,352782,352789,352796,352803,352762,352769,
-    352776,352783,352790,352797,352804,352763,352770,352777,
-    352784,352791,352798,352805,352764,352771,352778,352785,
-    352792,352799,352806,0,0,0,0,0,
-    0,0,0,0,0,0,0,0
+    0,0,0,0,0,0,0,0,
+    0,0,0,0,0,0,7,14,
+    21,28,35,42,1,8,15,22,
+    29,36,43,2,9,16,23,30,
+    37,44,3,10,17,24,31,38,
+    45,4,11,18,25,32,39,46,
+    5,12,19,26,33,40,47,6,
+    13,20,27,34,41,48,176379,176386,
+    176393,176400,176407,176414,176421,176380,176387,176394,
+    176401,176408,176415,176422,176381,176388,176395,176402,
+    176409,176416,176423,176382,176389,176396,176403,176410,
+    176417,176424,176383,176390,176397,176404,176411,176418,
+    176425,176384,176391,176398,176405,176412,176419,176426,
+    176385,176392,176399,176406,176413,176420,176427,352758,
+    352765,352772,352779,352786,352793,352800,352759,352766,
+    352773,352780,352787,352794,352801,352760,352767,352774,
+    352781,352788,352795,352802,352761,352768,352775,352782,
+    352789,352796,352803,352762,352769,352776,352783,352790,
+    352797,352804,352763,352770,352777,352784,352791,352798,
+    352805,352764,352771,352778,352785,352792,352799,352806
 };
 
 // Implicit GEMM y[1577088 x 64] = A[1577088 x 147] * B[147 x 64]: A(m, row) is read from the im2win tensor, whose stored
@@ -153,148 +153,168 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 147 is not a multiple of 16: slice 0 is the residue, its first 13 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_c0c3177783_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_im2win_precomp_c0c3177783_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
@@ -302,8 +322,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -311,8 +331,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1176 : w), valid);
             }
         }
@@ -320,8 +340,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2352 : w), valid);
             }
         }
@@ -329,8 +349,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 3528 : w), valid);
             }
         }
@@ -338,8 +358,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 4704 : w), valid);
             }
         }
@@ -347,8 +367,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5880 : w), valid);
             }
         }
@@ -356,8 +376,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 7056 : w), valid);
             }
         }
@@ -365,8 +385,8 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8232 : w), valid);
             }
         }
@@ -388,7 +408,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -428,7 +448,7 @@ convgen_im2win_precomp_c0c3177783(const float* __restrict__ win, const float* __
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -76,7 +76,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_da41faddf9_rows[3136] = {
     0,7,14,21,28,35,42,1,
@@ -531,8 +531,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -540,8 +540,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -549,8 +549,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -558,8 +558,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -567,8 +567,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -576,8 +576,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -585,8 +585,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -594,8 +594,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -603,8 +603,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -612,8 +612,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -621,8 +621,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -630,8 +630,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -639,8 +639,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -648,8 +648,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -657,8 +657,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -666,8 +666,8 @@ convgen_im2win_precomp_da41faddf9(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_da41faddf9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_da41faddf9_rows[slot];
             {
                 const bool valid = a_valid[0];
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

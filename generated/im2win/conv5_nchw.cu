@@ -75,7 +75,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_7cc0c36a11_rows[2400] = {
     0,5,10,15,20,1,6,11,
@@ -436,8 +436,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -445,8 +445,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -454,8 +454,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -463,8 +463,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -472,8 +472,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -481,8 +481,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -490,8 +490,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -499,8 +499,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -508,8 +508,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -517,8 +517,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -526,8 +526,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -535,8 +535,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -544,8 +544,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -553,8 +553,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -562,8 +562,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -571,8 +571,8 @@ convgen_im2win_precomp_7cc0c36a11(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_7cc0c36a11_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

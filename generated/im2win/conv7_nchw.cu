@@ -75,13 +75,13 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_29bd296db7_rows[32] = {
-    0,3,6,1,4,7,2,5,
-    8,149184,149187,149190,149185,149188,149191,149186,
-    149189,149192,298368,298371,298374,298369,298372,298375,
-    298370,298373,298376,0,0,0,0,0
+    0,0,0,0,0,0,3,6,
+    1,4,7,2,5,8,149184,149187,
+    149190,149185,149188,149191,149186,149189,149192,298368,
+    298371,298374,298369,298372,298375,298370,298373,298376
 };
 
 // Implicit GEMM y[6308352 x 64] = A[6308352 x 27] * B[27 x 64]: A(m, row) is read from the im2win tensor, whose stored
@@ -137,76 +137,88 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 27 is not a multiple of 8: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_im2win_precomp_29bd296db7_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_im2win_precomp_29bd296db7_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
             }
         }
@@ -214,8 +226,8 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             const int n_local = (tid / 8);
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -223,8 +235,8 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             const int n_local = (tid / 8) + 1 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 432 : w), valid);
             }
         }
@@ -232,8 +244,8 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             const int n_local = (tid / 8) + 2 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 864 : w), valid);
             }
         }
@@ -241,8 +253,8 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
             const int n_local = (tid / 8) + 3 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1296 : w), valid);
             }
         }
@@ -264,7 +276,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -304,7 +316,7 @@ convgen_im2win_precomp_29bd296db7(const float* __restrict__ win, const float* __
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -76,7 +76,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_e0ab3ba0f8_rows[576] = {
     0,3,6,1,4,7,2,5,
@@ -209,8 +209,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 128));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -218,8 +218,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 1 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -227,8 +227,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 2 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -236,8 +236,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 3 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -245,8 +245,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 4 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -254,8 +254,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 5 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -263,8 +263,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 6 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -272,8 +272,8 @@ convgen_im2win_precomp_e0ab3ba0f8(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 128) + 7 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e0ab3ba0f8_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

@@ -75,7 +75,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_e9f8704e93_rows[576] = {
     0,3,6,1,4,7,2,5,
@@ -208,8 +208,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -217,8 +217,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -226,8 +226,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -235,8 +235,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -244,8 +244,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -253,8 +253,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -262,8 +262,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -271,8 +271,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -280,8 +280,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -289,8 +289,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -298,8 +298,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -307,8 +307,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -316,8 +316,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -325,8 +325,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -334,8 +334,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);
@@ -343,8 +343,8 @@ convgen_im2win_precomp_e9f8704e93(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_e9f8704e93_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_e9f8704e93_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], win + (a_base[0] + delta), valid);

@@ -77,7 +77,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_82cda9fc35_rows[1728] = {
     0,9,18,1,10,19,2,11,
@@ -355,8 +355,8 @@ convgen_im2win_precomp_82cda9fc35(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 32));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_82cda9fc35_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_82cda9fc35_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
@@ -364,8 +364,8 @@ convgen_im2win_precomp_82cda9fc35(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 32) + 1 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_82cda9fc35_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_82cda9fc35_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
@@ -373,8 +373,8 @@ convgen_im2win_precomp_82cda9fc35(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 32) + 2 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_82cda9fc35_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_82cda9fc35_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);
@@ -382,8 +382,8 @@ convgen_im2win_precomp_82cda9fc35(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = ((tid / 32) + 3 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_82cda9fc35_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_82cda9fc35_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 32)], win + (a_base[0] + delta), valid);

@@ -78,7 +78,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in win.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_im2win_precomp_cb6be00c54_rows[864] = {
     0,9,18,1,10,19,2,11,
@@ -248,8 +248,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -257,8 +257,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -266,8 +266,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -275,8 +275,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -284,8 +284,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -293,8 +293,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -302,8 +302,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -311,8 +311,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -320,8 +320,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -329,8 +329,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -338,8 +338,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -347,8 +347,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -356,8 +356,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -365,8 +365,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -374,8 +374,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);
@@ -383,8 +383,8 @@ convgen_im2win_precomp_cb6be00c54(const float* __restrict__ win, const float* __
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_im2win_precomp_cb6be00c54_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_im2win_precomp_cb6be00c54_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 256)], win + (a_base[0] + delta), valid);

@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
-// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
+// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int2 convgen_implicit_gemm_precomp_f8dcafdeb2_rows[1728] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 56, 3 },{ 57, 4 },{ 58, 5 },{ 112, 6 },{ 113, 7 },
@@ -353,8 +353,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 128));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -364,8 +364,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 1 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -375,8 +375,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 2 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -386,8 +386,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 3 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -397,8 +397,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 4 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -408,8 +408,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 5 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -419,8 +419,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 6 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -430,8 +430,8 @@ convgen_implicit_gemm_precomp_f8dcafdeb2(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 7 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_f8dcafdeb2_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {

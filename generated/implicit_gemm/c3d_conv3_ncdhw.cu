@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
-// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
+// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int2 convgen_implicit_gemm_precomp_57949f08aa_rows[3456] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 28, 3 },{ 29, 4 },{ 30, 5 },{ 56, 6 },{ 57, 7 },
@@ -569,8 +569,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -580,8 +580,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -591,8 +591,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -602,8 +602,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -613,8 +613,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -624,8 +624,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -635,8 +635,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -646,8 +646,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -657,8 +657,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -668,8 +668,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -679,8 +679,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -690,8 +690,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -701,8 +701,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -712,8 +712,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -723,8 +723,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -734,8 +734,8 @@ convgen_implicit_gemm_precomp_57949f08aa(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_57949f08aa_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {

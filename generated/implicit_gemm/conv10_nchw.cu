@@ -55,7 +55,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_33ee030dd6_rows[1152] = {
     0,1,2,28,29,30,56,57,
@@ -260,8 +260,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 128));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -269,8 +269,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 1 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -278,8 +278,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 2 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -287,8 +287,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 3 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -296,8 +296,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 4 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -305,8 +305,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 5 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -314,8 +314,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 6 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -323,8 +323,8 @@ convgen_implicit_gemm_precomp_33ee030dd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 7 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_33ee030dd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);

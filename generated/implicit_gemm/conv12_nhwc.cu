@@ -55,7 +55,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x.
 __device__ const int convgen_implicit_gemm_precomp_449ae98cb9_rows[4608] = {
     0,1,2,3,4,5,6,7,
     8,9,10,11,12,13,14,15,
@@ -691,8 +691,8 @@ convgen_implicit_gemm_precomp_449ae98cb9(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid % 16));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_449ae98cb9_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_449ae98cb9_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);

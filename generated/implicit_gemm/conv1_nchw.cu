@@ -55,55 +55,55 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_2d5161b4a5_rows[368] = {
-    0,1,2,3,4,5,6,7,
-    8,9,10,227,228,229,230,231,
-    232,233,234,235,236,237,454,455,
-    456,457,458,459,460,461,462,463,
-    464,681,682,683,684,685,686,687,
-    688,689,690,691,908,909,910,911,
-    912,913,914,915,916,917,918,1135,
-    1136,1137,1138,1139,1140,1141,1142,1143,
-    1144,1145,1362,1363,1364,1365,1366,1367,
-    1368,1369,1370,1371,1372,1589,1590,1591,
-    1592,1593,1594,1595,1596,1597,1598,1599,
-    1816,1817,1818,1819,1820,1821,1822,1823,
-    1824,1825,1826,2043,2044,2045,2046,2047,
-    2048,2049,2050,2051,2052,2053,2270,2271,
-    2272,2273,2274,2275,2276,2277,2278,2279,
-    2280,51529,51530,51531,51532,51533,51534,51535,
-    51536,51537,51538,51539,51756,51757,51758,51759,
-    51760,51761,51762,51763,51764,51765,51766,51983,
-    51984,51985,51986,51987,51988,51989,51990,51991,
-    51992,51993,52210,52211,52212,52213,52214,52215,
-    52216,52217,52218,52219,52220,52437,52438,52439,
-    52440,52441,52442,52443,52444,52445,52446,52447,
-    52664,52665,52666,52667,52668,52669,52670,52671,
-    52672,52673,52674,52891,52892,52893,52894,52895,
-    52896,52897,52898,52899,52900,52901,53118,53119,
-    53120,53121,53122,53123,53124,53125,53126,53127,
-    53128,53345,53346,53347,53348,53349,53350,53351,
-    53352,53353,53354,53355,53572,53573,53574,53575,
-    53576,53577,53578,53579,53580,53581,53582,53799,
-    53800,53801,53802,53803,53804,53805,53806,53807,
-    53808,53809,103058,103059,103060,103061,103062,103063,
-    103064,103065,103066,103067,103068,103285,103286,103287,
-    103288,103289,103290,103291,103292,103293,103294,103295,
-    103512,103513,103514,103515,103516,103517,103518,103519,
-    103520,103521,103522,103739,103740,103741,103742,103743,
-    103744,103745,103746,103747,103748,103749,103966,103967,
-    103968,103969,103970,103971,103972,103973,103974,103975,
-    103976,104193,104194,104195,104196,104197,104198,104199,
-    104200,104201,104202,104203,104420,104421,104422,104423,
-    104424,104425,104426,104427,104428,104429,104430,104647,
-    104648,104649,104650,104651,104652,104653,104654,104655,
-    104656,104657,104874,104875,104876,104877,104878,104879,
-    104880,104881,104882,104883,104884,105101,105102,105103,
-    105104,105105,105106,105107,105108,105109,105110,105111,
-    105328,105329,105330,105331,105332,105333,105334,105335,
-    105336,105337,105338,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,9,10,
+    227,228,229,230,231,232,233,234,
+    235,236,237,454,455,456,457,458,
+    459,460,461,462,463,464,681,682,
+    683,684,685,686,687,688,689,690,
+    691,908,909,910,911,912,913,914,
+    915,916,917,918,1135,1136,1137,1138,
+    1139,1140,1141,1142,1143,1144,1145,1362,
+    1363,1364,1365,1366,1367,1368,1369,1370,
+    1371,1372,1589,1590,1591,1592,1593,1594,
+    1595,1596,1597,1598,1599,1816,1817,1818,
+    1819,1820,1821,1822,1823,1824,1825,1826,
+    2043,2044,2045,2046,2047,2048,2049,2050,
+    2051,2052,2053,2270,2271,2272,2273,2274,
+    2275,2276,2277,2278,2279,2280,51529,51530,
+    51531,51532,51533,51534,51535,51536,51537,51538,
+    51539,51756,51757,51758,51759,51760,51761,51762,
+    51763,51764,51765,51766,51983,51984,51985,51986,
+    51987,51988,51989,51990,51991,51992,51993,52210,
+    52211,52212,52213,52214,52215,52216,52217,52218,
+    52219,52220,52437,52438,52439,52440,52441,52442,
+    52443,52444,52445,52446,52447,52664,52665,52666,
+    52667,52668,52669,52670,52671,52672,52673,52674,
+    52891,52892,52893,52894,52895,52896,52897,52898,
+    52899,52900,52901,53118,53119,53120,53121,53122,
+    53123,53124,53125,53126,53127,53128,53345,53346,
+    53347,53348,53349,53350,53351,53352,53353,53354,
+    53355,53572,53573,53574,53575,53576,53577,53578,
+    53579,53580,53581,53582,53799,53800,53801,53802,
+    53803,53804,53805,53806,53807,53808,53809,103058,
+    103059,103060,103061,103062,103063,103064,103065,103066,
+    103067,103068,103285,103286,103287,103288,103289,103290,
+    103291,103292,103293,103294,103295,103512,103513,103514,
+    103515,103516,103517,103518,103519,103520,103521,103522,
+    103739,103740,103741,103742,103743,103744,103745,103746,
+    103747,103748,103749,103966,103967,103968,103969,103970,
+    103971,103972,103973,103974,103975,103976,104193,104194,
+    104195,104196,104197,104198,104199,104200,104201,104202,
+    104203,104420,104421,104422,104423,104424,104425,104426,
+    104427,104428,104429,104430,104647,104648,104649,104650,
+    104651,104652,104653,104654,104655,104656,104657,104874,
+    104875,104876,104877,104878,104879,104880,104881,104882,
+    104883,104884,105101,105102,105103,105104,105105,105106,
+    105107,105108,105109,105110,105111,105328,105329,105330,
+    105331,105332,105333,105334,105335,105336,105337,105338
 };
 
 // Implicit GEMM y[387200 x 96] = A[387200 x 363] * B[363 x 96]: A(m, row) is the image pixel that output pixel m reads
@@ -159,148 +159,168 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_2d5161b4a5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
@@ -308,8 +328,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -317,8 +337,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -326,8 +346,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -335,8 +355,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -344,8 +364,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -353,8 +373,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -362,8 +382,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -371,8 +391,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -380,8 +400,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -389,8 +409,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -398,8 +418,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -407,8 +427,8 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -430,7 +450,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -470,7 +490,7 @@ convgen_implicit_gemm_precomp_2d5161b4a5(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

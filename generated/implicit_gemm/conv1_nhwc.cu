@@ -55,54 +55,54 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 __device__ const int convgen_implicit_gemm_precomp_8d89941bee_rows[368] = {
-    0,1,2,3,4,5,6,7,
-    8,9,10,11,12,13,14,15,
-    16,17,18,19,20,21,22,23,
-    24,25,26,27,28,29,30,31,
-    32,681,682,683,684,685,686,687,
-    688,689,690,691,692,693,694,695,
-    696,697,698,699,700,701,702,703,
-    704,705,706,707,708,709,710,711,
-    712,713,1362,1363,1364,1365,1366,1367,
-    1368,1369,1370,1371,1372,1373,1374,1375,
-    1376,1377,1378,1379,1380,1381,1382,1383,
-    1384,1385,1386,1387,1388,1389,1390,1391,
-    1392,1393,1394,2043,2044,2045,2046,2047,
-    2048,2049,2050,2051,2052,2053,2054,2055,
-    2056,2057,2058,2059,2060,2061,2062,2063,
-    2064,2065,2066,2067,2068,2069,2070,2071,
-    2072,2073,2074,2075,2724,2725,2726,2727,
-    2728,2729,2730,2731,2732,2733,2734,2735,
-    2736,2737,2738,2739,2740,2741,2742,2743,
-    2744,2745,2746,2747,2748,2749,2750,2751,
-    2752,2753,2754,2755,2756,3405,3406,3407,
-    3408,3409,3410,3411,3412,3413,3414,3415,
-    3416,3417,3418,3419,3420,3421,3422,3423,
-    3424,3425,3426,3427,3428,3429,3430,3431,
-    3432,3433,3434,3435,3436,3437,4086,4087,
-    4088,4089,4090,4091,4092,4093,4094,4095,
-    4096,4097,4098,4099,4100,4101,4102,4103,
-    4104,4105,4106,4107,4108,4109,4110,4111,
-    4112,4113,4114,4115,4116,4117,4118,4767,
-    4768,4769,4770,4771,4772,4773,4774,4775,
-    4776,4777,4778,4779,4780,4781,4782,4783,
-    4784,4785,4786,4787,4788,4789,4790,4791,
-    4792,4793,4794,4795,4796,4797,4798,4799,
-    5448,5449,5450,5451,5452,5453,5454,5455,
-    5456,5457,5458,5459,5460,5461,5462,5463,
-    5464,5465,5466,5467,5468,5469,5470,5471,
-    5472,5473,5474,5475,5476,5477,5478,5479,
-    5480,6129,6130,6131,6132,6133,6134,6135,
-    6136,6137,6138,6139,6140,6141,6142,6143,
-    6144,6145,6146,6147,6148,6149,6150,6151,
-    6152,6153,6154,6155,6156,6157,6158,6159,
-    6160,6161,6810,6811,6812,6813,6814,6815,
-    6816,6817,6818,6819,6820,6821,6822,6823,
-    6824,6825,6826,6827,6828,6829,6830,6831,
-    6832,6833,6834,6835,6836,6837,6838,6839,
-    6840,6841,6842,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,9,10,
+    11,12,13,14,15,16,17,18,
+    19,20,21,22,23,24,25,26,
+    27,28,29,30,31,32,681,682,
+    683,684,685,686,687,688,689,690,
+    691,692,693,694,695,696,697,698,
+    699,700,701,702,703,704,705,706,
+    707,708,709,710,711,712,713,1362,
+    1363,1364,1365,1366,1367,1368,1369,1370,
+    1371,1372,1373,1374,1375,1376,1377,1378,
+    1379,1380,1381,1382,1383,1384,1385,1386,
+    1387,1388,1389,1390,1391,1392,1393,1394,
+    2043,2044,2045,2046,2047,2048,2049,2050,
+    2051,2052,2053,2054,2055,2056,2057,2058,
+    2059,2060,2061,2062,2063,2064,2065,2066,
+    2067,2068,2069,2070,2071,2072,2073,2074,
+    2075,2724,2725,2726,2727,2728,2729,2730,
+    2731,2732,2733,2734,2735,2736,2737,2738,
+    2739,2740,2741,2742,2743,2744,2745,2746,
+    2747,2748,2749,2750,2751,2752,2753,2754,
+    2755,2756,3405,3406,3407,3408,3409,3410,
+    3411,3412,3413,3414,3415,3416,3417,3418,
+    3419,3420,3421,3422,3423,3424,3425,3426,
+    3427,3428,3429,3430,3431,3432,3433,3434,
+    3435,3436,3437,4086,4087,4088,4089,4090,
+    4091,4092,4093,4094,4095,4096,4097,4098,
+    4099,4100,4101,4102,4103,4104,4105,4106,
+    4107,4108,4109,4110,4111,4112,4113,4114,
+    4115,4116,4117,4118,4767,4768,4769,4770,
+    4771,4772,4773,4774,4775,4776,4777,4778,
+    4779,4780,4781,4782,4783,4784,4785,4786,
+    4787,4788,4789,4790,4791,4792,4793,4794,
+    4795,4796,4797,4798,4799,5448,5449,5450,
+    5451,5452,5453,5454,5455,5456,5457,5458,
+    5459,5460,5461,5462,5463,5464,5465,5466,
+    5467,5468,5469,5470,5471,5472,5473,5474,
+    5475,5476,5477,5478,5479,5480,6129,6130,
+    6131,6132,6133,6134,6135,6136,6137,6138,
+    6139,6140,6141,6142,6143,6144,6145,6146,
+    6147,6148,6149,6150,6151,6152,6153,6154,
+    6155,6156,6157,6158,6159,6160,6161,6810,
+    6811,6812,6813,6814,6815,6816,6817,6818,
+    6819,6820,6821,6822,6823,6824,6825,6826,
+    6827,6828,6829,6830,6831,6832,6833,6834,
+    6835,6836,6837,6838,6839,6840,6841,6842
 };
 
 // Implicit GEMM y[387200 x 96] = A[387200 x 363] * B[363 x 96]: A(m, row) is the image pixel that output pixel m reads
@@ -158,73 +158,78 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = ((tid % 16));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_8d89941bee_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_8d89941bee_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 1 * 8], x + (a_base[1] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 2 * 8], x + (a_base[2] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 3 * 8], x + (a_base[3] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 4 * 8], x + (a_base[4] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 5 * 8], x + (a_base[5] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 6 * 8], x + (a_base[6] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 7 * 8], x + (a_base[7] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 8 * 8], x + (a_base[8] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 9 * 8], x + (a_base[9] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 10 * 8], x + (a_base[10] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 11 * 8], x + (a_base[11] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 12 * 8], x + (a_base[12] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 13 * 8], x + (a_base[13] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 14 * 8], x + (a_base[14] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 15 * 8], x + (a_base[15] + delta), valid);
             }
         }
@@ -232,8 +237,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -241,8 +246,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -250,8 +255,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -259,8 +264,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -268,8 +273,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -277,8 +282,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -286,8 +291,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -295,8 +300,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -304,8 +309,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -313,8 +318,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -322,8 +327,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -331,8 +336,8 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -354,7 +359,7 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -394,7 +399,7 @@ convgen_implicit_gemm_precomp_8d89941bee(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

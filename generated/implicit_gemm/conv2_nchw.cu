@@ -55,55 +55,55 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_a3162dae1e_rows[368] = {
-    0,1,2,3,4,5,6,7,
-    8,9,10,231,232,233,234,235,
-    236,237,238,239,240,241,462,463,
-    464,465,466,467,468,469,470,471,
-    472,693,694,695,696,697,698,699,
-    700,701,702,703,924,925,926,927,
-    928,929,930,931,932,933,934,1155,
-    1156,1157,1158,1159,1160,1161,1162,1163,
-    1164,1165,1386,1387,1388,1389,1390,1391,
-    1392,1393,1394,1395,1396,1617,1618,1619,
-    1620,1621,1622,1623,1624,1625,1626,1627,
-    1848,1849,1850,1851,1852,1853,1854,1855,
-    1856,1857,1858,2079,2080,2081,2082,2083,
-    2084,2085,2086,2087,2088,2089,2310,2311,
-    2312,2313,2314,2315,2316,2317,2318,2319,
-    2320,53361,53362,53363,53364,53365,53366,53367,
-    53368,53369,53370,53371,53592,53593,53594,53595,
-    53596,53597,53598,53599,53600,53601,53602,53823,
-    53824,53825,53826,53827,53828,53829,53830,53831,
-    53832,53833,54054,54055,54056,54057,54058,54059,
-    54060,54061,54062,54063,54064,54285,54286,54287,
-    54288,54289,54290,54291,54292,54293,54294,54295,
-    54516,54517,54518,54519,54520,54521,54522,54523,
-    54524,54525,54526,54747,54748,54749,54750,54751,
-    54752,54753,54754,54755,54756,54757,54978,54979,
-    54980,54981,54982,54983,54984,54985,54986,54987,
-    54988,55209,55210,55211,55212,55213,55214,55215,
-    55216,55217,55218,55219,55440,55441,55442,55443,
-    55444,55445,55446,55447,55448,55449,55450,55671,
-    55672,55673,55674,55675,55676,55677,55678,55679,
-    55680,55681,106722,106723,106724,106725,106726,106727,
-    106728,106729,106730,106731,106732,106953,106954,106955,
-    106956,106957,106958,106959,106960,106961,106962,106963,
-    107184,107185,107186,107187,107188,107189,107190,107191,
-    107192,107193,107194,107415,107416,107417,107418,107419,
-    107420,107421,107422,107423,107424,107425,107646,107647,
-    107648,107649,107650,107651,107652,107653,107654,107655,
-    107656,107877,107878,107879,107880,107881,107882,107883,
-    107884,107885,107886,107887,108108,108109,108110,108111,
-    108112,108113,108114,108115,108116,108117,108118,108339,
-    108340,108341,108342,108343,108344,108345,108346,108347,
-    108348,108349,108570,108571,108572,108573,108574,108575,
-    108576,108577,108578,108579,108580,108801,108802,108803,
-    108804,108805,108806,108807,108808,108809,108810,108811,
-    109032,109033,109034,109035,109036,109037,109038,109039,
-    109040,109041,109042,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,9,10,
+    231,232,233,234,235,236,237,238,
+    239,240,241,462,463,464,465,466,
+    467,468,469,470,471,472,693,694,
+    695,696,697,698,699,700,701,702,
+    703,924,925,926,927,928,929,930,
+    931,932,933,934,1155,1156,1157,1158,
+    1159,1160,1161,1162,1163,1164,1165,1386,
+    1387,1388,1389,1390,1391,1392,1393,1394,
+    1395,1396,1617,1618,1619,1620,1621,1622,
+    1623,1624,1625,1626,1627,1848,1849,1850,
+    1851,1852,1853,1854,1855,1856,1857,1858,
+    2079,2080,2081,2082,2083,2084,2085,2086,
+    2087,2088,2089,2310,2311,2312,2313,2314,
+    2315,2316,2317,2318,2319,2320,53361,53362,
+    53363,53364,53365,53366,53367,53368,53369,53370,
+    53371,53592,53593,53594,53595,53596,53597,53598,
+    53599,53600,53601,53602,53823,53824,53825,53826,
+    53827,53828,53829,53830,53831,53832,53833,54054,
+    54055,54056,54057,54058,54059,54060,54061,54062,
+    54063,54064,54285,54286,54287,54288,54289,54290,
+    54291,54292,54293,54294,54295,54516,54517,54518,
+    54519,54520,54521,54522,54523,54524,54525,54526,
+    54747,54748,54749,54750,54751,54752,54753,54754,
+    54755,54756,54757,54978,54979,54980,54981,54982,
+    54983,54984,54985,54986,54987,54988,55209,55210,
+    55211,55212,55213,55214,55215,55216,55217,55218,
+    55219,55440,55441,55442,55443,55444,55445,55446,
+    55447,55448,55449,55450,55671,55672,55673,55674,
+    55675,55676,55677,55678,55679,55680,55681,106722,
+    106723,106724,106725,106726,106727,106728,106729,106730,
+    106731,106732,106953,106954,106955,106956,106957,106958,
+    106959,106960,106961,106962,106963,107184,107185,107186,
+    107187,107188,107189,107190,107191,107192,107193,107194,
+    107415,107416,107417,107418,107419,107420,107421,107422,
+    107423,107424,107425,107646,107647,107648,107649,107650,
+    107651,107652,107653,107654,107655,107656,107877,107878,
+    107879,107880,107881,107882,107883,107884,107885,107886,
+    107887,108108,108109,108110,108111,108112,108113,108114,
+    108115,108116,108117,108118,108339,108340,108341,108342,
+    108343,108344,108345,108346,108347,108348,108349,108570,
+    108571,108572,108573,108574,108575,108576,108577,108578,
+    108579,108580,108801,108802,108803,108804,108805,108806,
+    108807,108808,108809,108810,108811,109032,109033,109034,
+    109035,109036,109037,109038,109039,109040,109041,109042
 };
 
 // Implicit GEMM y[401408 x 96] = A[401408 x 363] * B[363 x 96]: A(m, row) is the image pixel that output pixel m reads
@@ -159,148 +159,168 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_a3162dae1e_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
@@ -308,8 +328,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -317,8 +337,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -326,8 +346,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -335,8 +355,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -344,8 +364,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -353,8 +373,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -362,8 +382,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -371,8 +391,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -380,8 +400,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -389,8 +409,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -398,8 +418,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -407,8 +427,8 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -430,7 +450,7 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -470,7 +490,7 @@ convgen_implicit_gemm_precomp_a3162dae1e(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

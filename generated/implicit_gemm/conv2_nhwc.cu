@@ -55,54 +55,54 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 __device__ const int convgen_implicit_gemm_precomp_5c1819dee5_rows[368] = {
-    0,1,2,3,4,5,6,7,
-    8,9,10,11,12,13,14,15,
-    16,17,18,19,20,21,22,23,
-    24,25,26,27,28,29,30,31,
-    32,693,694,695,696,697,698,699,
-    700,701,702,703,704,705,706,707,
-    708,709,710,711,712,713,714,715,
-    716,717,718,719,720,721,722,723,
-    724,725,1386,1387,1388,1389,1390,1391,
-    1392,1393,1394,1395,1396,1397,1398,1399,
-    1400,1401,1402,1403,1404,1405,1406,1407,
-    1408,1409,1410,1411,1412,1413,1414,1415,
-    1416,1417,1418,2079,2080,2081,2082,2083,
-    2084,2085,2086,2087,2088,2089,2090,2091,
-    2092,2093,2094,2095,2096,2097,2098,2099,
-    2100,2101,2102,2103,2104,2105,2106,2107,
-    2108,2109,2110,2111,2772,2773,2774,2775,
-    2776,2777,2778,2779,2780,2781,2782,2783,
-    2784,2785,2786,2787,2788,2789,2790,2791,
-    2792,2793,2794,2795,2796,2797,2798,2799,
-    2800,2801,2802,2803,2804,3465,3466,3467,
-    3468,3469,3470,3471,3472,3473,3474,3475,
-    3476,3477,3478,3479,3480,3481,3482,3483,
-    3484,3485,3486,3487,3488,3489,3490,3491,
-    3492,3493,3494,3495,3496,3497,4158,4159,
-    4160,4161,4162,4163,4164,4165,4166,4167,
-    4168,4169,4170,4171,4172,4173,4174,4175,
-    4176,4177,4178,4179,4180,4181,4182,4183,
-    4184,4185,4186,4187,4188,4189,4190,4851,
-    4852,4853,4854,4855,4856,4857,4858,4859,
-    4860,4861,4862,4863,4864,4865,4866,4867,
-    4868,4869,4870,4871,4872,4873,4874,4875,
-    4876,4877,4878,4879,4880,4881,4882,4883,
-    5544,5545,5546,5547,5548,5549,5550,5551,
-    5552,5553,5554,5555,5556,5557,5558,5559,
-    5560,5561,5562,5563,5564,5565,5566,5567,
-    5568,5569,5570,5571,5572,5573,5574,5575,
-    5576,6237,6238,6239,6240,6241,6242,6243,
-    6244,6245,6246,6247,6248,6249,6250,6251,
-    6252,6253,6254,6255,6256,6257,6258,6259,
-    6260,6261,6262,6263,6264,6265,6266,6267,
-    6268,6269,6930,6931,6932,6933,6934,6935,
-    6936,6937,6938,6939,6940,6941,6942,6943,
-    6944,6945,6946,6947,6948,6949,6950,6951,
-    6952,6953,6954,6955,6956,6957,6958,6959,
-    6960,6961,6962,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,9,10,
+    11,12,13,14,15,16,17,18,
+    19,20,21,22,23,24,25,26,
+    27,28,29,30,31,32,693,694,
+    695,696,697,698,699,700,701,702,
+    703,704,705,706,707,708,709,710,
+    711,712,713,714,715,716,717,718,
+    719,720,721,722,723,724,725,1386,
+    1387,1388,1389,1390,1391,1392,1393,1394,
+    1395,1396,1397,1398,1399,1400,1401,1402,
+    1403,1404,1405,1406,1407,1408,1409,1410,
+    1411,1412,1413,1414,1415,1416,1417,1418,
+    2079,2080,2081,2082,2083,2084,2085,2086,
+    2087,2088,2089,2090,2091,2092,2093,2094,
+    2095,2096,2097,2098,2099,2100,2101,2102,
+    2103,2104,2105,2106,2107,2108,2109,2110,
+    2111,2772,2773,2774,2775,2776,2777,2778,
+    2779,2780,2781,2782,2783,2784,2785,2786,
+    2787,2788,2789,2790,2791,2792,2793,2794,
+    2795,2796,2797,2798,2799,2800,2801,2802,
+    2803,2804,3465,3466,3467,3468,3469,3470,
+    3471,3472,3473,3474,3475,3476,3477,3478,
+    3479,3480,3481,3482,3483,3484,3485,3486,
+    3487,3488,3489,3490,3491,3492,3493,3494,
+    3495,3496,3497,4158,4159,4160,4161,4162,
+    4163,4164,4165,4166,4167,4168,4169,4170,
+    4171,4172,4173,4174,4175,4176,4177,4178,
+    4179,4180,4181,4182,4183,4184,4185,4186,
+    4187,4188,4189,4190,4851,4852,4853,4854,
+    4855,4856,4857,4858,4859,4860,4861,4862,
+    4863,4864,4865,4866,4867,4868,4869,4870,
+    4871,4872,4873,4874,4875,4876,4877,4878,
+    4879,4880,4881,4882,4883,5544,5545,5546,
+    5547,5548,5549,5550,5551,5552,5553,5554,
+    5555,5556,5557,5558,5559,5560,5561,5562,
+    5563,5564,5565,5566,5567,5568,5569,5570,
+    5571,5572,5573,5574,5575,5576,6237,6238,
+    6239,6240,6241,6242,6243,6244,6245,6246,
+    6247,6248,6249,6250,6251,6252,6253,6254,
+    6255,6256,6257,6258,6259,6260,6261,6262,
+    6263,6264,6265,6266,6267,6268,6269,6930,
+    6931,6932,6933,6934,6935,6936,6937,6938,
+    6939,6940,6941,6942,6943,6944,6945,6946,
+    6947,6948,6949,6950,6951,6952,6953,6954,
+    6955,6956,6957,6958,6959,6960,6961,6962
 };
 
 // Implicit GEMM y[401408 x 96] = A[401408 x 363] * B[363 x 96]: A(m, row) is the image pixel that output pixel m reads
@@ -158,73 +158,78 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 363 is not a multiple of 16: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = ((tid % 16));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5c1819dee5_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_5c1819dee5_rows[slot];
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 1 * 8], x + (a_base[1] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 2 * 8], x + (a_base[2] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 3 * 8], x + (a_base[3] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 4 * 8], x + (a_base[4] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 5 * 8], x + (a_base[5] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 6 * 8], x + (a_base[6] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 7 * 8], x + (a_base[7] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 8 * 8], x + (a_base[8] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 9 * 8], x + (a_base[9] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 10 * 8], x + (a_base[10] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 11 * 8], x + (a_base[11] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 12 * 8], x + (a_base[12] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 13 * 8], x + (a_base[13] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 14 * 8], x + (a_base[14] + delta), valid);
             }
             {
-                const bool valid = row < 363;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 15 * 8], x + (a_base[15] + delta), valid);
             }
         }
@@ -232,8 +237,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -241,8 +246,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2904 : w), valid);
             }
         }
@@ -250,8 +255,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5808 : w), valid);
             }
         }
@@ -259,8 +264,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8712 : w), valid);
             }
         }
@@ -268,8 +273,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 11616 : w), valid);
             }
         }
@@ -277,8 +282,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 14520 : w), valid);
             }
         }
@@ -286,8 +291,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 17424 : w), valid);
             }
         }
@@ -295,8 +300,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 20328 : w), valid);
             }
         }
@@ -304,8 +309,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 8 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 23232 : w), valid);
             }
         }
@@ -313,8 +318,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 9 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 26136 : w), valid);
             }
         }
@@ -322,8 +327,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 10 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 29040 : w), valid);
             }
         }
@@ -331,8 +336,8 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 11 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 363;
+                const idx_t row = (idx_t)kt * 16 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 31944 : w), valid);
             }
         }
@@ -354,7 +359,7 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -394,7 +399,7 @@ convgen_implicit_gemm_precomp_5c1819dee5(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

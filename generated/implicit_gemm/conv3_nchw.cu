@@ -55,29 +55,29 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 13 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_e933299eed_rows[160] = {
-    0,1,2,3,4,5,6,227,
-    228,229,230,231,232,233,454,455,
-    456,457,458,459,460,681,682,683,
-    684,685,686,687,908,909,910,911,
-    912,913,914,1135,1136,1137,1138,1139,
-    1140,1141,1362,1363,1364,1365,1366,1367,
-    1368,51529,51530,51531,51532,51533,51534,51535,
-    51756,51757,51758,51759,51760,51761,51762,51983,
-    51984,51985,51986,51987,51988,51989,52210,52211,
-    52212,52213,52214,52215,52216,52437,52438,52439,
-    52440,52441,52442,52443,52664,52665,52666,52667,
-    52668,52669,52670,52891,52892,52893,52894,52895,
-    52896,52897,103058,103059,103060,103061,103062,103063,
-    103064,103285,103286,103287,103288,103289,103290,103291,
-    103512,103513,103514,103515,103516,103517,103518,103739,
-    103740,103741,103742,103743,103744,103745,103966,103967,
-    103968,103969,103970,103971,103972,104193,104194,104195,
-    104196,104197,104198,104199,104420,104421,104422,104423,
-    104424,104425,104426,0,0,0,0,0,
-    0,0,0,0,0,0,0,0
+    0,0,0,0,0,0,0,0,
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,227,228,229,230,
+    231,232,233,454,455,456,457,458,
+    459,460,681,682,683,684,685,686,
+    687,908,909,910,911,912,913,914,
+    1135,1136,1137,1138,1139,1140,1141,1362,
+    1363,1364,1365,1366,1367,1368,51529,51530,
+    51531,51532,51533,51534,51535,51756,51757,51758,
+    51759,51760,51761,51762,51983,51984,51985,51986,
+    51987,51988,51989,52210,52211,52212,52213,52214,
+    52215,52216,52437,52438,52439,52440,52441,52442,
+    52443,52664,52665,52666,52667,52668,52669,52670,
+    52891,52892,52893,52894,52895,52896,52897,103058,
+    103059,103060,103061,103062,103063,103064,103285,103286,
+    103287,103288,103289,103290,103291,103512,103513,103514,
+    103515,103516,103517,103518,103739,103740,103741,103742,
+    103743,103744,103745,103966,103967,103968,103969,103970,
+    103971,103972,104193,104194,104195,104196,104197,104198,
+    104199,104420,104421,104422,104423,104424,104425,104426
 };
 
 // Implicit GEMM y[1577088 x 64] = A[1577088 x 147] * B[147 x 64]: A(m, row) is the image pixel that output pixel m reads
@@ -133,148 +133,168 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 147 is not a multiple of 16: slice 0 is the residue, its first 13 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_e933299eed_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
@@ -282,8 +302,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -291,8 +311,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1176 : w), valid);
             }
         }
@@ -300,8 +320,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2352 : w), valid);
             }
         }
@@ -309,8 +329,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 3528 : w), valid);
             }
         }
@@ -318,8 +338,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 4704 : w), valid);
             }
         }
@@ -327,8 +347,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5880 : w), valid);
             }
         }
@@ -336,8 +356,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 7056 : w), valid);
             }
         }
@@ -345,8 +365,8 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8232 : w), valid);
             }
         }
@@ -368,7 +388,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -408,7 +428,7 @@ convgen_implicit_gemm_precomp_e933299eed(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -55,28 +55,28 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 13 rows pad the residue slice.
 __device__ const int convgen_implicit_gemm_precomp_cafad0115d_rows[160] = {
-    0,1,2,3,4,5,6,7,
-    8,9,10,11,12,13,14,15,
-    16,17,18,19,20,681,682,683,
-    684,685,686,687,688,689,690,691,
-    692,693,694,695,696,697,698,699,
-    700,701,1362,1363,1364,1365,1366,1367,
-    1368,1369,1370,1371,1372,1373,1374,1375,
-    1376,1377,1378,1379,1380,1381,1382,2043,
-    2044,2045,2046,2047,2048,2049,2050,2051,
-    2052,2053,2054,2055,2056,2057,2058,2059,
-    2060,2061,2062,2063,2724,2725,2726,2727,
-    2728,2729,2730,2731,2732,2733,2734,2735,
-    2736,2737,2738,2739,2740,2741,2742,2743,
-    2744,3405,3406,3407,3408,3409,3410,3411,
-    3412,3413,3414,3415,3416,3417,3418,3419,
-    3420,3421,3422,3423,3424,3425,4086,4087,
-    4088,4089,4090,4091,4092,4093,4094,4095,
-    4096,4097,4098,4099,4100,4101,4102,4103,
-    4104,4105,4106,0,0,0,0,0,
-    0,0,0,0,0,0,0,0
+    0,0,0,0,0,0,0,0,
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,9,10,
+    11,12,13,14,15,16,17,18,
+    19,20,681,682,683,684,685,686,
+    687,688,689,690,691,692,693,694,
+    695,696,697,698,699,700,701,1362,
+    1363,1364,1365,1366,1367,1368,1369,1370,
+    1371,1372,1373,1374,1375,1376,1377,1378,
+    1379,1380,1381,1382,2043,2044,2045,2046,
+    2047,2048,2049,2050,2051,2052,2053,2054,
+    2055,2056,2057,2058,2059,2060,2061,2062,
+    2063,2724,2725,2726,2727,2728,2729,2730,
+    2731,2732,2733,2734,2735,2736,2737,2738,
+    2739,2740,2741,2742,2743,2744,3405,3406,
+    3407,3408,3409,3410,3411,3412,3413,3414,
+    3415,3416,3417,3418,3419,3420,3421,3422,
+    3423,3424,3425,4086,4087,4088,4089,4090,
+    4091,4092,4093,4094,4095,4096,4097,4098,
+    4099,4100,4101,4102,4103,4104,4105,4106
 };
 
 // Implicit GEMM y[1577088 x 64] = A[1577088 x 147] * B[147 x 64]: A(m, row) is the image pixel that output pixel m reads
@@ -132,73 +132,78 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 147 is not a multiple of 16: slice 0 is the residue, its first 13 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = ((tid % 16));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_cafad0115d_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const idx_t row = slot - 13;
+            const int delta = convgen_implicit_gemm_precomp_cafad0115d_rows[slot];
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16)], x + (a_base[0] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 1 * 8], x + (a_base[1] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 2 * 8], x + (a_base[2] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 3 * 8], x + (a_base[3] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 4 * 8], x + (a_base[4] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 5 * 8], x + (a_base[5] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 6 * 8], x + (a_base[6] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 7 * 8], x + (a_base[7] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 8 * 8], x + (a_base[8] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 9 * 8], x + (a_base[9] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 10 * 8], x + (a_base[10] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 11 * 8], x + (a_base[11] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 12 * 8], x + (a_base[12] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 13 * 8], x + (a_base[13] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 14 * 8], x + (a_base[14] + delta), valid);
             }
             {
-                const bool valid = row < 147;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 16) + 15 * 8], x + (a_base[15] + delta), valid);
             }
         }
@@ -206,8 +211,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16);
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -215,8 +220,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 1 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1176 : w), valid);
             }
         }
@@ -224,8 +229,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 2 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 2352 : w), valid);
             }
         }
@@ -233,8 +238,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 3 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 3528 : w), valid);
             }
         }
@@ -242,8 +247,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 4 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 4704 : w), valid);
             }
         }
@@ -251,8 +256,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 5 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 5880 : w), valid);
             }
         }
@@ -260,8 +265,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 6 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 7056 : w), valid);
             }
         }
@@ -269,8 +274,8 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
             const int n_local = (tid / 16) + 7 * 8;
             const int k_local = ((tid % 16));
             {
-                const idx_t row = (idx_t)kt * 16 + k_local;
-                const bool valid = row < 147;
+                const idx_t row = (idx_t)kt * 16 + k_local - 13;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 8232 : w), valid);
             }
         }
@@ -292,7 +297,7 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -332,7 +337,7 @@ convgen_implicit_gemm_precomp_cafad0115d(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

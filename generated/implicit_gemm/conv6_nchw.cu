@@ -55,7 +55,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_5d5ae46fd6_rows[2304] = {
     0,1,2,12,13,14,24,25,
@@ -404,8 +404,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -413,8 +413,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -422,8 +422,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -431,8 +431,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -440,8 +440,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -449,8 +449,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -458,8 +458,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -467,8 +467,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -476,8 +476,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -485,8 +485,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -494,8 +494,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -503,8 +503,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -512,8 +512,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -521,8 +521,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -530,8 +530,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -539,8 +539,8 @@ convgen_implicit_gemm_precomp_5d5ae46fd6(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_5d5ae46fd6_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);

@@ -55,13 +55,13 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_c62bf7619f_rows[32] = {
-    0,1,2,224,225,226,448,449,
-    450,50176,50177,50178,50400,50401,50402,50624,
-    50625,50626,100352,100353,100354,100576,100577,100578,
-    100800,100801,100802,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    224,225,226,448,449,450,50176,50177,
+    50178,50400,50401,50402,50624,50625,50626,100352,
+    100353,100354,100576,100577,100578,100800,100801,100802
 };
 
 // Implicit GEMM y[6308352 x 64] = A[6308352 x 27] * B[27 x 64]: A(m, row) is the image pixel that output pixel m reads
@@ -117,76 +117,88 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 27 is not a multiple of 8: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_c62bf7619f_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
             }
         }
@@ -194,8 +206,8 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             const int n_local = (tid / 8);
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -203,8 +215,8 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 1 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 432 : w), valid);
             }
         }
@@ -212,8 +224,8 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 2 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 864 : w), valid);
             }
         }
@@ -221,8 +233,8 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 3 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1296 : w), valid);
             }
         }
@@ -244,7 +256,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -284,7 +296,7 @@ convgen_implicit_gemm_precomp_c62bf7619f(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -55,12 +55,12 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; the first 5 rows pad the residue slice.
 __device__ const int convgen_implicit_gemm_precomp_1169e4441c_rows[32] = {
-    0,1,2,3,4,5,6,7,
-    8,672,673,674,675,676,677,678,
-    679,680,1344,1345,1346,1347,1348,1349,
-    1350,1351,1352,0,0,0,0,0
+    0,0,0,0,0,0,1,2,
+    3,4,5,6,7,8,672,673,
+    674,675,676,677,678,679,680,1344,
+    1345,1346,1347,1348,1349,1350,1351,1352
 };
 
 // Implicit GEMM y[6308352 x 64] = A[6308352 x 27] * B[27 x 64]: A(m, row) is the image pixel that output pixel m reads
@@ -116,41 +116,46 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
     }
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
-    auto fetch = [&](int stage, int kt) {
+    // K = 27 is not a multiple of 8: slice 0 is the residue, its first 5 rows zeros
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
+    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
+    // row and the main loop's copies carry no k-bound check.
+    auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = ((tid % 8));
-            const idx_t row = (idx_t)kt * 8 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_1169e4441c_rows[row];
+            const idx_t slot = (idx_t)kt * 8 + k_local;
+            const idx_t row = slot - 5;
+            const int delta = convgen_implicit_gemm_precomp_1169e4441c_rows[slot];
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8)], x + (a_base[0] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 1 * 16], x + (a_base[1] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 2 * 16], x + (a_base[2] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 3 * 16], x + (a_base[3] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 4 * 16], x + (a_base[4] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 5 * 16], x + (a_base[5] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 6 * 16], x + (a_base[6] + delta), valid);
             }
             {
-                const bool valid = row < 27;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&As[stage][k_local + 0][(tid / 8) + 7 * 16], x + (a_base[7] + delta), valid);
             }
         }
@@ -158,8 +163,8 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
             const int n_local = (tid / 8);
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row : w), valid);
             }
         }
@@ -167,8 +172,8 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 1 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 432 : w), valid);
             }
         }
@@ -176,8 +181,8 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 2 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 864 : w), valid);
             }
         }
@@ -185,8 +190,8 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
             const int n_local = (tid / 8) + 3 * 16;
             const int k_local = ((tid % 8));
             {
-                const idx_t row = (idx_t)kt * 8 + k_local;
-                const bool valid = row < 27;
+                const idx_t row = (idx_t)kt * 8 + k_local - 5;
+                const bool valid = (!residue || row >= 0);
                 convgen_copy4(&Bs[stage][k_local + 0][n_local], (valid ? b_row + row + 1296 : w), valid);
             }
         }
@@ -208,7 +213,7 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
     // Prologue: all 3 stages filled; slice s completes phase 0 of full[s].
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
-        if (s < k_count) fetch(s, k_first + s);
+        if (s < k_count) fetch(s, k_first + s, s == 0);
         convgen_barrier_copies_arrive(&full[s]);
     }
     // Slice j sits in stage j % 3, in phase (j / 3) % 2 of that stage's barriers.
@@ -248,7 +253,7 @@ convgen_implicit_gemm_precomp_1169e4441c(const float* __restrict__ x, const floa
         // Refill the stage of the previous slice with slice k_step + 2.
         if (k_step > 0 && k_step + 2 < k_count) {
             convgen_barrier_wait(&empty[previous_stage], previous_phase);
-            fetch(previous_stage, k_first + k_step + 2);
+            fetch(previous_stage, k_first + k_step + 2, false);
             convgen_barrier_copies_arrive(&full[previous_stage]);
         }
         previous_stage = stage;

@@ -55,7 +55,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_c2d976ff46_rows[576] = {
     0,1,2,112,113,114,224,225,
@@ -188,8 +188,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 128));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -197,8 +197,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 1 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -206,8 +206,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 2 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -215,8 +215,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 3 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -224,8 +224,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 4 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -233,8 +233,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 5 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -242,8 +242,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 6 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -251,8 +251,8 @@ convgen_implicit_gemm_precomp_c2d976ff46(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 128) + 7 * 2);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_c2d976ff46_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);

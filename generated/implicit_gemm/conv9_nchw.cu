@@ -55,7 +55,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 #endif
 }
 
-// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x; rows past K are padding.
+// Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int convgen_implicit_gemm_precomp_2d05acb6ed_rows[576] = {
     0,1,2,56,57,58,112,113,
@@ -188,8 +188,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -197,8 +197,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -206,8 +206,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -215,8 +215,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -224,8 +224,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -233,8 +233,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -242,8 +242,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -251,8 +251,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -260,8 +260,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -269,8 +269,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -278,8 +278,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -287,8 +287,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -296,8 +296,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -305,8 +305,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -314,8 +314,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);
@@ -323,8 +323,8 @@ convgen_implicit_gemm_precomp_2d05acb6ed(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int delta = convgen_implicit_gemm_precomp_2d05acb6ed_rows[slot];
             {
                 const bool valid = true;
                 convgen_copy4(&As[stage][k_local + 0][(tid % 128)], x + (a_base[0] + delta), valid);

@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
-// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
+// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int2 convgen_implicit_gemm_precomp_0bf8799a41_rows[1728] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 32, 3 },{ 33, 4 },{ 34, 5 },{ 64, 6 },{ 65, 7 },
@@ -353,8 +353,8 @@ convgen_implicit_gemm_precomp_0bf8799a41(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid / 32));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -364,8 +364,8 @@ convgen_implicit_gemm_precomp_0bf8799a41(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 32) + 1 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -375,8 +375,8 @@ convgen_implicit_gemm_precomp_0bf8799a41(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 32) + 2 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -386,8 +386,8 @@ convgen_implicit_gemm_precomp_0bf8799a41(const float* __restrict__ x, const floa
         }
          {
             const int k_local = ((tid / 32) + 3 * 4);
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_0bf8799a41_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {

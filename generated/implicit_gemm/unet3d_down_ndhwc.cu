@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
-// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
+// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image.
 __device__ const int2 convgen_implicit_gemm_precomp_a9ff01ac7f_rows[1728] = {
     { 0, 0 },{ 1, 0 },{ 2, 0 },{ 3, 0 },{ 4, 0 },{ 5, 0 },{ 6, 0 },{ 7, 0 },
     { 8, 0 },{ 9, 0 },{ 10, 0 },{ 11, 0 },{ 12, 0 },{ 13, 0 },{ 14, 0 },{ 15, 0 },
@@ -352,8 +352,8 @@ convgen_implicit_gemm_precomp_a9ff01ac7f(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = ((tid % 16));
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_a9ff01ac7f_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_a9ff01ac7f_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {

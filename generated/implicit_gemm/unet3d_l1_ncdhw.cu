@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned long long* 
 }
 
 // Precomputed per-row offsets ("precomp"): delta of the row's (channel, tap) in x, then the
-// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image; rows past K are padding.
+// row's tap, whose bit in a pixel's tap mask says whether it lands inside the image.
 // In constant memory: each warp reads one row at a time, which the constant cache broadcasts.
 __constant__ int2 convgen_implicit_gemm_precomp_08809d8a27_rows[864] = {
     { 0, 0 },{ 1, 1 },{ 2, 2 },{ 64, 3 },{ 65, 4 },{ 66, 5 },{ 128, 6 },{ 129, 7 },
@@ -245,8 +245,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
     auto fetch = [&](int stage, int kt) {
          {
             const int k_local = 0;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -256,8 +256,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 1;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -267,8 +267,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 2;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -278,8 +278,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 3;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -289,8 +289,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 4;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -300,8 +300,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 5;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -311,8 +311,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 6;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -322,8 +322,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 7;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -333,8 +333,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 8;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -344,8 +344,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 9;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -355,8 +355,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 10;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -366,8 +366,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 11;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -377,8 +377,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 12;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -388,8 +388,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 13;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -399,8 +399,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 14;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
@@ -410,8 +410,8 @@ convgen_implicit_gemm_precomp_08809d8a27(const float* __restrict__ x, const floa
         }
          {
             const int k_local = 15;
-            const idx_t row = (idx_t)kt * 16 + k_local;
-            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[row];
+            const idx_t slot = (idx_t)kt * 16 + k_local;
+            const int2 entry = convgen_implicit_gemm_precomp_08809d8a27_rows[slot];
             const int delta = entry.x;
             const int tap = entry.y;
             {
