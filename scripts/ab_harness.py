@@ -27,27 +27,35 @@ def layer_specs(shapes: Path | None, names, layouts):
 
 
 def measure(layer_name: str, spec, configs: dict[str, dict], rounds: int, reference: str,
-            jobs: int = 16) -> list[dict]:
+            jobs: int = 16, templates: dict[str, Path] | None = None) -> list[dict]:
     """One row per configuration of ``configs`` (name: tiles) on ``spec``: registers and spills,
     whether NaN was left, relative error to cuDNN, then median time, TFLOP/s, and the ratios to the
-    ``reference`` configuration and to cuDNN.  A configuration equal to an earlier one is left
-    out: it is the same program, and timing it twice tells nothing."""
+    ``reference`` configuration and to cuDNN.  ``templates`` names the configurations rendered from
+    an edited copy of the templates (``render.edited_templates``), built one at a time since the
+    template directory is global.  A configuration equal to an earlier one (tiles and templates)
+    is left out: it is the same program, and timing it twice tells nothing."""
     import cupy
 
+    from codegen import render
     from codegen.api import build
     from codegen.bench import CudnnCase, interleaved_medians
     from codegen.compile import resolve_arch
     from codegen.families.gemm import flops as gemm_flops
 
     arch = resolve_arch(None)
+    templates = templates or {}
     distinct = {}
     for name, tiles in configs.items():
-        if tiles not in distinct.values():
+        if (tiles, templates.get(name)) not in [(t, templates.get(n)) for n, t in distinct.items()]:
             distinct[name] = tiles
-    configs = distinct
+    package = [name for name in distinct if name not in templates]
     with ThreadPoolExecutor(jobs) as pool:
-        kernels = dict(zip(configs, pool.map(lambda tiles: build("implicit_gemm", spec, tiles, arch),
-                                             configs.values())))
+        built = dict(zip(package, pool.map(lambda name: build("implicit_gemm", spec, distinct[name], arch), package)))
+    for name in distinct:
+        if name in templates:
+            with render.templates_from(templates[name]):
+                built[name] = build("implicit_gemm", spec, distinct[name], arch)
+    kernels = {name: built[name] for name in distinct}
     case = CudnnCase(spec)
     x, w, y = case.x, case.w, case.y
     runs, rows = {"cuDNN": case.run_cudnn}, []
@@ -88,12 +96,12 @@ def print_table(rows: list[dict], reference: str) -> None:
 
 
 def run(doc: str, candidates, reference: str, result_file: str, layouts=("NCHW",), shapes: Path | None = None,
-        layers=(), rounds: int = 3) -> int:
+        layers=(), rounds: int = 3, templates: dict[str, Path] | None = None) -> int:
     """The command line of an A/B over a shapes file (``doc``: the script's docstring, its first line
     the description; ``layouts``, ``shapes``, ``layers`` and ``rounds``: the defaults of its
-    options): ``candidates(spec)`` names each layer's configurations, none to skip the layer; the
-    rows go to ``result_file`` under --out after every layer, so a run cut short keeps what it
-    measured, and as one table at the end."""
+    options): ``candidates(spec)`` names each layer's configurations, none to skip the layer
+    (``templates``: as ``measure`` takes it); the rows go to ``result_file`` under --out after
+    every layer, so a run cut short keeps what it measured, and as one table at the end."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("layers", nargs="*", default=list(layers),
                         help=f"layers of the shapes file (default: {' '.join(layers) or 'all'})")
@@ -110,7 +118,7 @@ def run(doc: str, candidates, reference: str, result_file: str, layouts=("NCHW",
     for layer, spec in layer_specs(args.shapes, args.layers, args.layouts):
         configs = candidates(spec)
         if configs:
-            results += measure(layer["name"], spec, configs, args.rounds, reference)
+            results += measure(layer["name"], spec, configs, args.rounds, reference, templates=templates)
             (args.out / result_file).write_text(json.dumps(results, indent=1))
     print_table(results, reference)
     return 0
