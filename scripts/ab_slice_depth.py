@@ -1,9 +1,9 @@
-"""A/B of the portable implicit GEMM's slice depth (docs/perf.md, GEMM v33), on the GPU: the
-heuristic's cp.async tiles with block_k 16 and with block_k 8, everything else alike.  8-deep
-slices won on every layer measured where C % 16 == 8 (v31, v33), and two explanations fit: on
-channels-last data 16 channels of a slice straddle two taps, or, in every layout, a K = C x taps
-with K % 16 == 8 leaves a partial last slice, whose bound check every copy of every slice pays.
-Measured as ``ab_harness`` does (checked against cuDNN, interleaved rounds).
+"""A/B of the portable implicit GEMM's slice depth (docs/perf.md, GEMM v33 and v34), on the GPU:
+the heuristic's cp.async tiles with block_k 16 and with block_k 8, everything else alike.  v33 used
+it to tell why 8-deep slices won where C % 16 == 8 (a partial last slice, not taps straddled by a
+slice's channels); v34 on docs/shapes/slice_depth.json, the held-out check of the rule that
+channels-last inputs of at most 8 channels take 8-deep slices.  Measured as ``ab_harness`` does
+(checked against cuDNN, interleaved rounds).
 
     PYTHONPATH=$PWD python3 scripts/ab_slice_depth.py [--shapes F] [--layouts L ...] [--out DIR] [LAYER ...]
 """

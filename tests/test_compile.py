@@ -452,23 +452,23 @@ def test_the_partial_slice_comes_first_and_only_its_first_fetch_checks_rows(fami
     assert "(!residue || row >= 0)" in code and "GEMM_K" not in code and f"row < {gemm_k}" not in code
 
 
-def test_implicit_gemm_takes_8_deep_slices_where_16_would_leave_a_partial_last_slice():
-    """C x taps % 16 == 8 takes 8-deep slices in every layout (GEMM v33: 1.05-1.10x channels-first
-    on 7 of 8 layers, 1.01-1.26x channels-last on 8 of 8); C % 16 == 8 with whole 16-deep slices (a 2x2 filter) keeps 16
-    (0.96-1.02x), and so does im2win, which was not measured."""
-    from codegen.families import get_family
+def test_default_slice_depth_8_on_shallow_channels_last_inputs_only():
+    """GEMM v34: 8-deep slices on channels-last inputs of at most 8 channels (1.03-1.23x on 11
+    layers), 16 elsewhere, including v33's C x taps % 16 == 8 layers, whose rule paid for a check
+    that the residue slice removed (16-deep slices 0.99-1.09x there)."""
+    from codegen.families import gemm, get_family
+    from codegen.families.implicit_gemm import SHALLOW_CHANNELS
 
-    def block_k(family, layout, c, filter_size=3):
-        spec = ConvSpec(dims=2, layout=layout, n=8, c=c, k=64, input_size=(28, 28), filter_size=filter_size,
+    def depths(layout, c, filter_size=5):
+        spec = ConvSpec(dims=2, layout=layout, n=64, c=c, k=64, input_size=(56, 56), filter_size=filter_size,
                         padding=1)
-        return get_family(family).default_tiles(spec).block_k
+        assert gemm.heuristic(spec).split_k == 1 and gemm.heuristic(spec).block_k == 16
+        return get_family("implicit_gemm").default_tiles(spec).block_k
 
-    for layout in ("NHWC", "NCHW"):
-        assert [block_k("implicit_gemm", layout, c) for c in (8, 24, 40, 56, 72, 136)] == [8] * 6
-        assert [block_k("implicit_gemm", layout, c) for c in (16, 48, 64, 96)] == [16] * 4
-        assert [block_k("implicit_gemm", layout, c, (3, 2)) for c in (12, 44)] == [8] * 2
-        assert [block_k("implicit_gemm", layout, c, 2) for c in (24, 56)] == [16] * 2
-    assert block_k("im2win", "NHWC", 72) == 16
+    assert [depths("NHWC", c) for c in (3, 4, SHALLOW_CHANNELS)] == [8] * 3
+    assert [depths("NHWC", c) for c in (SHALLOW_CHANNELS + 1, 12, 24)] == [16] * 3
+    assert [depths("NCHW", c) for c in (3, 4, 8, 12)] == [16] * 4
+    assert [depths(layout, c, 3) for layout in ("NHWC", "NCHW") for c in (24, 40)] == [16] * 4
 
 
 def test_wide_tiles_where_split_k_would_run_and_their_last_wave_is_full():

@@ -77,6 +77,13 @@ WIDE_MIN_WAVE_FILL = 0.9
 """How full the last wave of wide tiles must be for ``default_tiles`` to take them: on the H100 they
 won at 0.93-1.00 (13 of 13 layers) and lost at 0.85-0.87 (conv10 0.95x, two held-out layers 0.89x
 and 0.97x); below that, on 28 of 32."""
+SHALLOW_CHANNELS = 8
+"""Channels-last inputs with at most this many channels take 8-deep slices in ``default_tiles``.
+On the H100 (GEMM v34) 8-deep slices ran 1.03-1.23x the 16-deep ones on all 11 such layers
+measured (C = 1-8; 7 of them held out, predicted first), and 0.91-1.03x from C = 12 up (0.99x at
+12).  Channels-last A is loaded channel-fastest, one k-row per lane, so a thread's per-slice copy
+state grows with the slice depth: at C = 4 the 16-deep kernel took 254 registers, the 8-deep one
+139.  Channels-first layers with C <= 8 gave no rule (0.93-1.05x)."""
 
 
 def image_vector_ok(spec: ConvSpec) -> bool:
@@ -92,28 +99,27 @@ class ImplicitGemm(Family):
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md, GEMM v33):
+        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md). Where
+        the heuristic splits K, the 128-thread tiles of 16x8 micro-tiles of ``gemm.wide_tiles``
+        instead, unsplit, wherever their grid fills its last wave of ``WIDE_BLOCKS_PER_SM`` blocks
+        per SM to ``WIDE_MIN_WAVE_FILL``: 1.04-1.23x on all 13 such channels-first layers (5 of
+        them held out) and 1.09-1.16x on all 4 channels-last ones (where ``heuristic_tiles`` turns
+        the TMA kernel down).  On the 35 channels-first split layers with emptier last waves they
+        were slower on 31 (0.07-0.99x) and faster on 4; on 4 such channels-last ones, 0.78-0.91x.
 
-        - where the heuristic splits K, the 128-thread tiles of 16x8 micro-tiles of
-          ``gemm.wide_tiles`` instead, unsplit, wherever their grid fills its last wave of
-          ``WIDE_BLOCKS_PER_SM`` blocks per SM to ``WIDE_MIN_WAVE_FILL``: 1.04-1.23x on all 13
-          such channels-first layers (5 of them held out) and 1.09-1.16x on all 4 channels-last
-          ones (where ``heuristic_tiles`` turns the TMA kernel down).  On the 35 channels-first
-          split layers with emptier last waves they were slower on 31 (0.07-0.99x) and faster on
-          4, three of them by the 8-deep slices below; on 4 such channels-last ones, 0.78-0.91x;
-        - 8-deep slices where C x taps % 16 == 8, in any layout: the last 16-deep slice would be
-          half padding, and the bound check it needs then guards every copy of every slice
-          (channels-first 1.05-1.10x on 7 of 8 such layers, 0.98x on a 5x5 stride-2 one with
-          K = 40; channels-last 1.01-1.26x on all 8; 5 of the 16 held out).  Where C % 16 == 8 but the slices come out whole, 0.96-1.02x:
-          the straddled taps that GEMM v31 blamed cost nothing measurable."""
+        8-deep slices on channels-last inputs of at most ``SHALLOW_CHANNELS`` channels (GEMM v34).
+        v33 also took them where C x taps % 16 == 8, because the half-empty last slice's bound
+        check then guarded every copy; since v34 the partial slice comes first and only the
+        prologue checks it, and 16-deep slices ran 0.99-1.09x the 8-deep ones on those 14
+        layer-layouts, so that rule went."""
         tiles = gemm.heuristic(spec)
-        gemm_m, gemm_n, gemm_k = index.gemm_sizes(self.algebra(spec))
+        gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         if tiles.split_k > 1 and gemm_n % 64 == 0:
             wide = gemm.wide_tiles(tiles, gemm_n)
             waves = gemm.tile_count(gemm_m, gemm_n, wide.block_m, wide.block_n) / (WIDE_BLOCKS_PER_SM * SM_COUNT_HINT)
             if waves / math.ceil(waves) >= WIDE_MIN_WAVE_FILL:
                 return wide
-        if gemm_k % 16 == 8 and tiles.block_k == 16:
+        if spec.layout.channels_last and spec.c <= SHALLOW_CHANNELS and tiles.block_k == 16:
             return gemm.GemmTiles(**{**tiles.to_dict(), "block_k": 8})
         return tiles
 
