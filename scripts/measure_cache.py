@@ -1,5 +1,6 @@
 """Measure the compile cache: cold NVRTC compile per kernel, a disk hit in a new process, and a
 memory hit in the same process.  Needs no GPU.  Usage: python scripts/measure_cache.py"""
+import argparse
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ print(kernel.source_hit, time.perf_counter() - start)
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family, name, spec, tiles in cases():

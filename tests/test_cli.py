@@ -606,6 +606,29 @@ def test_tma_stress_covers_every_tma_kernel_of_the_benchmark_layers():
     assert {name for name, _, _, _ in stress.cases(["conv4"])} == {"conv4"}
 
 
+def test_every_script_answers_help_without_a_gpu():
+    """Each script under scripts/ parses --help and prints its usage on a machine without a GPU:
+    one that no longer imports, or runs on whatever arguments it is given, would otherwise be
+    found out only in a device call.  ab_harness.py is the module the A/B scripts share."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    scripts = sorted(p for p in (root / "scripts").glob("*.py") if p.name != "ab_harness.py")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def usage(path):
+        return subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, env=env,
+                              timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(scripts, pool.map(usage, scripts)))
+    assert len(scripts) >= 15
+    for path, result in results.items():
+        assert result.returncode == 0 and result.stdout.startswith("usage:"), (path.name, result.stderr[-500:])
+
+
 def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs(capsys):
     """The fuzz step of scripts/gpu_tier.sh: every family, every direct variant, col2im's two
     algorithms and the TMA implicit GEMM in all four layouts; and each case draws specs its kernel
