@@ -774,8 +774,8 @@ def unselected_addresses_inside(algebra: IndexAlgebra, terms: dict) -> bool:
     row, and base(pixel) alone too (delta 0, the precomputed table's padding rows of the residue
     slice): true when no axis is padded, since the output size keeps every tap of every pixel
     inside.  A kernel then forms the address of an element it does not load (a padding row of
-    the residue slice, a pixel past M) without a
-    select; on a padded axis a tap can fall outside the source."""
+    the residue slice, a pixel past M) without a select; on a padded axis a tap can fall outside
+    the source."""
     return not terms["a_checked"]
 
 

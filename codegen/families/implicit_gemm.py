@@ -99,7 +99,7 @@ class ImplicitGemm(Family):
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
     def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md). Where
+        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md).  GEMM v33: where
         the heuristic splits K, the 128-thread tiles of 16x8 micro-tiles of ``gemm.wide_tiles``
         instead, unsplit, wherever their grid fills its last wave of ``WIDE_BLOCKS_PER_SM`` blocks
         per SM to ``WIDE_MIN_WAVE_FILL``: 1.04-1.23x on all 13 such channels-first layers (5 of

@@ -159,9 +159,9 @@ convgen_implicit_gemm_precomp_8d332ecb3a(const float* __restrict__ x, const floa
 
     // The loader, written once: fetch slice kt of A and B into stage `stage`.
     // K = 363 is not a multiple of 8: slice 0 is the residue, its first 5 rows zeros
-    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` is a constant
-    // at each call once the lambda is inlined, so only the prologue's copies of slice 0 test the
-    // row and the main loop's copies carry no k-bound check.
+    // (as CUTLASS's predicated iterators take the partial slice first).  `residue` says whether a
+    // call may fetch slice 0; it is a literal, or k_step == 0, at each call, so once the lambda is
+    // inlined the pipeline's later fetches carry no k-bound check.
     auto fetch = [&](int stage, int kt, bool residue) {
          {
             const int k_local = ((tid % 8));
