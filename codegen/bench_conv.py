@@ -117,7 +117,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     def within_cudnn() -> dict:
         """im2win held to cuDNN's extra memory (workspace plus its row table), or why it cannot be:
         the heuristic's own row again (marked ``same_as_heuristic``) where it already fits."""
-        row = {**common, "family": "im2win", "variant": WITHIN_CUDNN, "ablation": None}
+        row = {**common, "family": "im2win", "variant": WITHIN_CUDNN, "ablation": None, "build_choice": False}
         heuristic = im2win.FAMILY.default_tiles(spec)
         whole = im2win.FAMILY.plan(spec, heuristic)
         table = extra_bytes(whole) - whole.workspace_bytes
@@ -308,7 +308,7 @@ def _as_built(results: list[dict], family: str) -> list[dict]:
     fastest variant; the first column for results saved before rows said which that is."""
     rows = [r for r in results if r["family"] == family and not r["ablation"] and "ms" in r]
     if family != "direct" and any("build_choice" in r for r in rows):
-        return [r for r in rows if r["build_choice"]]
+        return [r for r in rows if r.get("build_choice")]
     return [r for r in rows if _series(r) == "heuristic"]
 
 

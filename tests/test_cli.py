@@ -464,6 +464,23 @@ def test_bench_conv_summary_counts_the_kernel_build_runs_on_this_gpu():
     assert "at least cuDNN's speed on 3 of 3, geometric mean 1.08x" in format_table(legacy)
 
 
+def test_bench_conv_table_takes_im2win_rows_that_already_fit_cudnns_memory():
+    """Where im2win's heuristic already fits cuDNN's extra memory (cuDNN's FFT layers), the
+    'within cuDNN' row repeats the heuristic's timing; it is not build()'s choice and must not
+    break the summary (it raised KeyError: 'build_choice' on the H100's full run)."""
+    from codegen.bench_conv import WITHIN_CUDNN, format_table
+
+    def row(variant, **extra):
+        return {"family": "im2win", "variant": variant, "layer": "conv5", "layout": "NCHW", "ablation": None,
+                "ms": 1.5, "tflops": 42.0, "speedup_vs_cudnn": 0.3, "extra_bytes": 118 << 20,
+                "cudnn_tflops": 138.0, "cudnn_extra_bytes": 308 << 20, **extra}
+
+    results = [row("heuristic", build_choice=True),
+               row(WITHIN_CUDNN, same_as_heuristic=True, least_extra_bytes=931200)]
+    lines = format_table(results).splitlines()
+    assert "im2win: at least cuDNN's speed on 0 of 1, geometric mean 0.30x, slowest 0.30x (conv5 NCHW)" in lines
+
+
 def test_bench_conv_table_names_every_column_in_full():
     """The TMA and tuned columns follow their family's and say so; no family name is cut to fit;
     a layer without a TMA row (channels-first) shows a dash there."""
