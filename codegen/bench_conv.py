@@ -305,7 +305,8 @@ def _missing(row: dict | None) -> str:
 def _as_built(results: list[dict], family: str) -> list[dict]:
     """A family's timed rows of the kernel ``build()`` runs without tiles or a tuning record on the
     GPU of the run (the implicit GEMM's TMA kernel where its ``heuristic_tiles`` takes it); direct's
-    fastest variant; the first column for results saved before rows said which that is."""
+    fastest variant; the first column for results saved before rows said which that is (a row
+    without the key among rows with it is not the choice)."""
     rows = [r for r in results if r["family"] == family and not r["ablation"] and "ms" in r]
     if family != "direct" and any("build_choice" in r for r in rows):
         return [r for r in rows if r.get("build_choice")]
