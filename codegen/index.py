@@ -78,10 +78,7 @@ def linearize(coords: list[sympy.Expr], extents: tuple[int, ...]) -> sympy.Expr:
 
 
 def output_size(spec: ConvSpec) -> tuple[int, ...]:
-    return tuple(
-        (size + 2 * p - d * (f - 1) - 1) // s + 1
-        for size, f, s, p, d in zip(spec.input_size, spec.filter_size, spec.stride, spec.padding, spec.dilation)
-    )
+    return spec.output_size
 
 
 def max_over_box(expr: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> int:
@@ -838,5 +835,7 @@ def evaluate(expr, values: dict[str, np.ndarray]) -> np.ndarray:
     """An index expression over integer arrays (broadcast to the first array's shape), exactly:
     the maps and the precomputed tables use it, compiled once per expression."""
     symbols, function = _compiled(sympy.sympify(expr))
-    result = np.asarray(function(*[values[str(s)] for s in symbols]), dtype=np.float64)
-    return np.floor(result + 0.5).astype(np.int64) * np.ones_like(next(iter(values.values())), dtype=np.int64)
+    result = np.asarray(function(*[values[str(s)] for s in symbols]))
+    if not np.issubdtype(result.dtype, np.integer):   # a rational coefficient left a float: round it back
+        result = np.floor(result.astype(np.float64) + 0.5).astype(np.int64)
+    return result.astype(np.int64) * np.ones_like(next(iter(values.values())), dtype=np.int64)

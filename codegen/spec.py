@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
+import numbers
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,12 +62,35 @@ SUPPORTED_DTYPES = (DType.float32,)
 LAYOUTS_FOR_DIMS = {2: (Layout.NCHW, Layout.NHWC), 3: (Layout.NCDHW, Layout.NDHWC)}
 
 
+SIZE_MAX = 2**31 - 1
+"""The largest size, channel count, stride, padding or dilation: 32-bit, as in cuDNN's tensor and
+convolution descriptors, so that the kernels' loop counters and per-axis coordinates fit an int."""
+ELEMENTS_MAX = 2**61
+"""The most elements a tensor may hold: its byte offsets (4 bytes an element) must fit a signed
+64-bit integer, the widest index a kernel uses."""
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as a Python int where it is an integer (numpy's integer types included), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = _integer(value)
+    if number is None or number < minimum:
         raise SpecError(name, value, f"must be an integer >= {minimum}")
-    if value < minimum:
-        raise SpecError(name, value, f"must be an integer >= {minimum}")
-    return value
+    if number > SIZE_MAX:
+        raise SpecError(name, value, f"must be at most {SIZE_MAX} (sizes are 32-bit, as in cuDNN's descriptors)")
+    return number
+
+
+def output_extents(input_size: tuple[int, ...], filter_size: tuple[int, ...], stride: tuple[int, ...],
+                   padding: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """The output size per axis, floor((in + 2p - d(f - 1) - 1) / s) + 1, as cuDNN and PyTorch give it."""
+    return tuple((size + 2 * p - d * (f - 1) - 1) // s + 1
+                 for size, f, s, p, d in zip(input_size, filter_size, stride, padding, dilation))
 
 
 def _per_dim(name: str, value: Any, dims: int, minimum: int) -> tuple[int, ...]:
@@ -99,9 +125,13 @@ class ConvSpec:
     dtype: DType = DType.float32
 
     def __post_init__(self) -> None:
-        dims = self.dims
-        if isinstance(dims, bool) or dims not in (2, 3):
-            raise SpecError("dims", dims, "must be 2 or 3")
+        dims = _integer(self.dims)
+        if dims not in (2, 3):
+            raise SpecError("dims", self.dims, "must be 2 or 3")
+        if not isinstance(self.layout, (str, Layout)):
+            raise SpecError("layout", self.layout, f"must be one of {', '.join(l.value for l in Layout)}")
+        if not isinstance(self.dtype, (str, DType)):
+            raise SpecError("dtype", self.dtype, f"must be one of {', '.join(d.value for d in DType)}")
         try:
             layout = Layout(self.layout)
         except ValueError:
@@ -115,8 +145,7 @@ class ConvSpec:
             raise SpecError("dtype", self.dtype, f"must be one of {', '.join(d.value for d in DType)}") from None
         if dtype not in SUPPORTED_DTYPES:
             raise SpecError("dtype", dtype.value, "only float32 has kernels in this version")
-        for name in ("n", "c", "k"):
-            _positive_int(name, getattr(self, name))
+        n, c, k = (_positive_int(name, getattr(self, name)) for name in ("n", "c", "k"))
         input_size = _per_dim("input_size", self.input_size, dims, 1)
         filter_size = _per_dim("filter_size", self.filter_size, dims, 1)
         stride = _per_dim("stride", self.stride, dims, 1)
@@ -126,9 +155,9 @@ class ConvSpec:
         if dpitch is not None:
             if not layout.channels_last:
                 raise SpecError("dpitch", dpitch, f"applies only to channels-last layouts; {layout.value} has none")
-            _positive_int("dpitch", dpitch)
-            if dpitch < self.c:
-                raise SpecError("dpitch", dpitch, f"must be >= c ({self.c})")
+            dpitch = _positive_int("dpitch", dpitch)
+            if dpitch < c:
+                raise SpecError("dpitch", dpitch, f"must be >= c ({c})")
         for i, (size, f, p, d) in enumerate(zip(input_size, filter_size, padding, dilation)):
             extent = d * (f - 1) + 1
             if extent > size + 2 * p:
@@ -139,7 +168,13 @@ class ConvSpec:
                     f"the dilated filter spans {extent} along {axis}, more than the padded input "
                     f"({size} + 2*{p} = {size + 2 * p}): the output would be empty",
                 )
+        _check_totals(n, c, k, dpitch or c, input_size, filter_size, stride, padding, dilation)
         for name, value in (
+            ("dims", dims),
+            ("n", n),
+            ("c", c),
+            ("k", k),
+            ("dpitch", dpitch),
             ("layout", layout),
             ("dtype", dtype),
             ("input_size", input_size),
@@ -157,9 +192,7 @@ class ConvSpec:
 
     @property
     def output_size(self) -> tuple[int, ...]:
-        from codegen import index
-
-        return index.output_size(self)
+        return output_extents(self.input_size, self.filter_size, self.stride, self.padding, self.dilation)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -171,8 +204,10 @@ class ConvSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConvSpec":
+        if not isinstance(data, dict):
+            raise SpecError("spec", data, "must be a mapping of spec fields (a dict or a JSON object)")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise SpecError(unknown[0], data[unknown[0]], f"unknown field; the fields are {', '.join(sorted(known))}")
         missing = [f.name for f in dataclasses.fields(cls)
@@ -183,6 +218,8 @@ class ConvSpec:
 
     @classmethod
     def from_json(cls, path: str) -> "ConvSpec":
+        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"from_json's path must be a file path (str or os.PathLike); got {type(path).__name__}")
         try:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
@@ -190,6 +227,8 @@ class ConvSpec:
             raise SpecError("spec", path, f"could not be read ({err.strerror})") from None
         except json.JSONDecodeError as err:
             raise SpecError("spec", path, f"is not valid JSON ({err.msg} at line {err.lineno})") from None
+        except UnicodeDecodeError as err:
+            raise SpecError("spec", path, f"is not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x})") from None
         if not isinstance(data, dict):
             raise SpecError("spec", path, "must hold a JSON object of spec fields")
         return cls.from_dict(data)
@@ -203,6 +242,28 @@ class ConvSpec:
             f"stride={_tup(self.stride)} padding={_tup(self.padding)} dilation={_tup(self.dilation)}"
             f"{pitch} {self.dtype.value}"
         )
+
+
+def _check_totals(n: int, c: int, k: int, pitch: int, input_size: tuple[int, ...], filter_size: tuple[int, ...],
+                  stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]) -> None:
+    """Refuse a spec whose tensors could not be addressed with 64-bit byte offsets, or whose
+    reduction (C x taps) a 32-bit loop counter could not count, naming the field that drives it."""
+    taps = math.prod(filter_size)
+    if taps > SIZE_MAX:
+        raise SpecError("filter_size", filter_size, f"has {taps} taps; at most {SIZE_MAX} (the kernels count taps "
+                        "in 32 bits, as cuDNN does)")
+    if c * taps > SIZE_MAX:
+        raise SpecError("c", c, f"makes the reduction C x taps = {c} x {taps} = {c * taps}; at most {SIZE_MAX} "
+                        "(the kernels count it in 32 bits, as cuDNN does)")
+    output = output_extents(input_size, filter_size, stride, padding, dilation)
+    tensors = (("input", n * math.prod(input_size) * pitch, {"n": n, "input_size": input_size, "c": pitch}),
+               ("output", n * k * math.prod(output), {"n": n, "k": k, "input_size": input_size}),
+               ("filter", k * c * taps, {"k": k, "c": c, "filter_size": filter_size}))
+    for tensor, elements, fields in tensors:
+        if elements > ELEMENTS_MAX:
+            name = max(fields, key=lambda f: math.prod(fields[f]) if isinstance(fields[f], tuple) else fields[f])
+            raise SpecError(name, fields[name], f"makes the {tensor} tensor {elements:.3g} elements "
+                            f"({elements * 4:.3g} bytes), more than the 2^61 whose byte offsets fit 64 bits")
 
 
 def _tup(values: tuple[int, ...]) -> str:
