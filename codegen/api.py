@@ -14,7 +14,7 @@ from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
+from codegen.tiles import STATIC_SHARED_LIMIT, Tiles, max_shared_per_block
 
 
 class LaunchError(ValueError):
@@ -37,10 +37,14 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     refused with the largest choice that fits; a family that cannot get under it says what it
     needs at least."""
     fam = get_family(family)
+    if not isinstance(spec, ConvSpec):
+        raise TypeError(f"spec must be a codegen.ConvSpec (make one with ConvSpec(...) or ConvSpec.from_dict(...)); "
+                        f"got {type(spec).__module__}.{type(spec).__name__}")
+    arch = resolve_arch(arch)
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
     if tiles is None:
-        tiles = _tuned_or_default(fam, spec, resolve_arch(arch), workspace_limit)
+        tiles = _tuned_or_default(fam, spec, arch, workspace_limit)
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
@@ -168,7 +172,7 @@ class Kernel:
                 args = tuple(a.ravel()[offset:] for a, offset in zip(args, step.offsets))
             if step.tensor_maps:
                 args = tuple(self._tensor_map(m, by_name[m.buffer].data.ptr) for m in step.tensor_maps) + args
-            function(step.grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
+            function(step.launch_grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
 
     def _tensor_map(self, tensor_map, pointer: int):
         """The encoded map for a buffer at ``pointer``, encoded once per address: encoding costs
@@ -202,10 +206,21 @@ class Kernel:
 
 
 def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
-    """Refuse a target older than the plan's instructions need (TMA: sm_90) before compiling."""
-    if kernel_plan.min_arch and compute_capability(arch) < kernel_plan.min_arch:
+    """The one check of a target that build, compile, tune and emit share, before anything
+    compiles: an arch NVRTC builds for, no older than the plan's instructions need (cp.async: sm_80,
+    TMA: sm_90), with the shared memory each launch asks for within the target's per-block limit."""
+    arch = resolve_arch(arch)
+    capability = compute_capability(arch)
+    if kernel_plan.min_arch and capability < kernel_plan.min_arch:
+        why = f" ({kernel_plan.min_arch_reason})" if kernel_plan.min_arch_reason else ""
         raise SpecError("arch", arch, f"{kernel_plan.family} variant {kernel_plan.variant} uses "
-                        f"sm_{kernel_plan.min_arch} instructions; build it for sm_{kernel_plan.min_arch} or newer")
+                        f"sm_{kernel_plan.min_arch} instructions{why}; build it for sm_{kernel_plan.min_arch} or newer")
+    limit = max_shared_per_block(capability)
+    for launch in kernel_plan.launches:
+        if launch.shared_bytes > limit:
+            raise SpecError("arch", arch, f"{kernel_plan.family} kernel {launch.kernel} asks for {launch.shared_bytes} "
+                            f"bytes of shared memory per block, and sm_{capability} allows at most {limit}; pick "
+                            "smaller tiles (fewer stages) for this target or build for a newer one")
 
 
 def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,

@@ -91,13 +91,27 @@ def device_arch() -> str | None:
 
 def resolve_arch(arch: str | None) -> str:
     """The requested architecture, else the device's, else sm_90 (the GPU this project targets)."""
+    from codegen.spec import SpecError
+
     if arch is None:
         return device_arch() or DEFAULT_ARCH
-    if not re.fullmatch(r"sm_\d{2,3}[a-z]?", arch):
-        from codegen.spec import SpecError
-
-        raise SpecError("arch", arch, "must look like sm_90 (sm_ followed by the compute capability)")
+    if not isinstance(arch, str) or not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+        raise SpecError("arch", arch, "must look like sm_90 (sm_ followed by the compute capability, e.g. sm_80, "
+                        "sm_90, sm_90a)")
+    supported = supported_capabilities()
+    if compute_capability(arch) not in supported:
+        raise SpecError("arch", arch, f"is not a target this NVRTC ({compiler_fingerprint()}) builds for; it "
+                        f"takes {', '.join(f'sm_{cc}' for cc in supported)}")
     return arch
+
+
+@functools.lru_cache(maxsize=1)
+def supported_capabilities() -> tuple[int, ...]:
+    """The compute capabilities NVRTC can compile for (NVRTC 13.0: 75 to 121); emitted files name the
+    same targets, since the toolkit's nvcc takes the same set."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    return tuple(nvrtc.getSupportedArchs())
 
 
 def compute_capability(arch: str) -> int:

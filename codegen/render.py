@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from codegen import __version__
+from codegen.launch_limits import block_index
 from codegen.families.base import KernelPlan, format_bytes
 
 PACKAGE_TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -74,6 +75,7 @@ def _context(plan: KernelPlan) -> dict:
         "spec_line": plan.spec.describe(),
         "tiles_line": plan.tiles.describe(),
         "launches": plan.launches,
+        "block_index": {launch.kernel: block_index(launch.fold) for launch in plan.launches},
         "batch_chunks": plan.chunks,
         "chunk_advance": plan.chunk_advance,
         "chunk_images": plan.spec.n // plan.chunks,

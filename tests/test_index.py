@@ -268,7 +268,7 @@ def test_im2win_chunks_cover_the_batch(spec, chunk, chunks, seed):
 
     spec = replace(spec, n=chunk * chunks)
     plan = make_plan("im2win", spec, {"batch_chunk": chunk})
-    assert plan.chunks == chunks and len(plan.schedule) == 2 * chunks
+    assert plan.chunks == chunks and len(list(plan.schedule)) == 2 * chunks
     assert plan.workspaces[0].shape == index.window_tensor_shape(IndexAlgebra(replace(spec, n=chunk)))
     family = get_family("im2win")
     x, w = family.make_inputs(spec, np.random.default_rng(seed))

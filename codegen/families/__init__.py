@@ -12,5 +12,5 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (im2col.FAMILY, col2im.FAMILY,
 def get_family(name: str) -> Family:
     try:
         return FAMILIES[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise SpecError("family", name, f"must be one of {', '.join(FAMILIES)}") from None

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
+import sympy
 
-from codegen import index
+from codegen import index, launch_limits
 from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec, SpecError
 from codegen.spec import replace as replace_spec
@@ -56,6 +58,9 @@ class TensorMap:
     corners: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     element_strides: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        launch_limits.check_tensor_map(self.buffer, self.dims, self.strides)
+
     @property
     def traversal_strides(self) -> tuple[int, ...]:
         return self.element_strides or (1,) * len(self.dims)
@@ -63,7 +68,8 @@ class TensorMap:
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch; ``args`` names the buffers passed, in order (None: all of them),
+    """One kernel launch over the virtual ``grid`` (``launch_grid`` is what CUDA is given where it
+    passes the launch limits); ``args`` names the buffers passed, in order (None: all of them),
     ``offsets`` (when given) the element offset into each, for launches over a slice, and
     ``chunk_strides`` (when given) how far each advances per batch chunk of a chunked plan;
     ``tensor_maps`` come first in the kernel's parameters."""
@@ -77,9 +83,24 @@ class Launch:
     chunk_strides: tuple[int, ...] | None = None
     tensor_maps: tuple[TensorMap, ...] = ()
 
+    def __post_init__(self) -> None:
+        launch_limits.check_block_dims(self.kernel, self.block)
+        launch_limits.fold_grid(self.kernel, self.grid)
+
     @property
     def threads(self) -> int:
+        """Threads of the virtual grid: what the kernel's index proof must cover."""
         return math.prod(self.grid) * math.prod(self.block)
+
+    @property
+    def fold(self) -> launch_limits.GridFold | None:
+        """How a grid past CUDA's limits is laid over z (None: launched as it is)."""
+        return launch_limits.fold_grid(self.kernel, self.grid)
+
+    @property
+    def launch_grid(self) -> tuple[int, int, int]:
+        """The grid the launchers pass to CUDA (``grid`` is the one the kernel is written for)."""
+        return launch_limits.launch_grid(self.grid, self.fold)
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,8 @@ class BlasGemm:
     ldc: int
     stride_c: int
     batch: int = 1
+    chunk_stride_c: int = 0
+    """Elements C advances per batch chunk of a chunked plan (A and B stay: the workspace and filter)."""
 
 
 @dataclass(frozen=True)
@@ -117,12 +140,16 @@ class KernelPlan:
     constants: tuple[tuple[str, str], ...] = ()
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
     steps: tuple[Launch | BlasGemm, ...] = ()
-    """What runs, in order, when it is more than ``launches`` once each (im2col + GEMM in chunks)."""
+    """What runs for one batch chunk, in order, when it is more than ``launches`` once each (im2col
+    then a cuBLAS GEMM)."""
     chunks: int = 1
-    """The launches run this many times, once per batch chunk, each argument advanced by its
-    launch's ``chunk_strides``: a workspace sized for one chunk bounds the extra memory (im2win)."""
+    """The launches (or ``steps``) run this many times, once per batch chunk, each argument advanced
+    by its launch's ``chunk_strides`` (a GEMM's output by ``chunk_stride_c``): a workspace sized for
+    one chunk bounds the extra memory (im2win, im2col_gemm)."""
     min_arch: int = 0
     """The oldest compute capability (as 90 for sm_90) whose instructions the kernels use."""
+    min_arch_reason: str = ""
+    """Which instructions set ``min_arch`` and what runs on older targets, for the refusal."""
     arch_specific: bool = False
     """The kernels use architecture-specific instructions (``setmaxnreg``), so they are compiled
     for the target's "a" variant (sm_90a), whose code runs on that compute capability only."""
@@ -132,13 +159,13 @@ class KernelPlan:
         return arch + "a" if self.arch_specific and not arch.endswith("a") else arch
 
     @property
-    def schedule(self) -> tuple[Launch | BlasGemm, ...]:
-        if self.steps:
-            return self.steps
+    def schedule(self) -> Iterator[Launch | BlasGemm]:
+        """What runs, in order: made as it is launched, so that a plan of many chunks costs the
+        generator nothing (a batch of 2^31 - 1 images in chunks of one is a plan like any other)."""
+        per_chunk = self.steps or self.launches
         if self.chunks == 1:
-            return self.launches
-        return tuple(replace(launch, offsets=tuple(chunk * s for s in launch.chunk_strides), chunk_strides=None)
-                     for chunk in range(self.chunks) for launch in self.launches)
+            return iter(per_chunk)
+        return (_advanced(step, chunk) for chunk in range(self.chunks) for step in per_chunk)
 
     @property
     def chunk_advance(self) -> dict[str, int]:
@@ -175,6 +202,14 @@ class KernelPlan:
         return out
 
 
+def _advanced(step: Launch | BlasGemm, chunk: int) -> Launch | BlasGemm:
+    """``step`` as it runs for batch chunk ``chunk``."""
+    if isinstance(step, BlasGemm):
+        name, offset = step.c
+        return replace(step, c=(name, offset + chunk * step.chunk_stride_c))
+    return replace(step, offsets=tuple(chunk * s for s in step.chunk_strides), chunk_strides=None)
+
+
 def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
     """``convgen_<family>_<variant>_<tag>``: the tag hashes spec and tiles, so kernels of several
     emitted files can be linked into one program without clashing."""
@@ -196,8 +231,12 @@ def format_bytes(count: int) -> str:
 
 def largest_batch_chunk(n: int, per_image_bytes: int, budget: int) -> int:
     """The largest divisor of the batch ``n`` whose images' workspace fits ``budget`` (at least 1):
-    the default ``batch_chunk`` of the families that stage a workspace per chunk."""
-    return max((d for d in range(1, n + 1) if n % d == 0 and d * per_image_bytes <= budget), default=1)
+    the default ``batch_chunk`` of the families that stage a workspace per chunk.  The divisors come
+    from n's factorisation, so the search is not linear in a batch size the user types."""
+    most = budget // per_image_bytes if per_image_bytes > 0 else n
+    if most >= n:
+        return n
+    return max((d for d in sympy.divisors(n) if d <= most), default=1)
 
 
 def chunk_spec(spec: ConvSpec, chunk: int) -> ConvSpec:

@@ -408,7 +408,10 @@ class Direct(Family):
                    Buffer("w", alg.filter_shape, "in"),
                    Buffer("y", alg.output_shape, "out", 16 if context.get("vector_store") else 4))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants,
-                          min_arch=90 if variant == "tiled_tma" else 0)
+                          min_arch={"tiled_tma": 90, "tiled_register": 80}.get(variant, 0),
+                          min_arch_reason={"tiled_tma": "TMA and mbarriers",
+                                           "tiled_register": "cp.async; variants basic, constant, tiled_halo and "
+                                           "tiled_cache run on older targets"}.get(variant, ""))
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

@@ -27,11 +27,13 @@ otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
 from codegen import index
+from codegen.compile import compute_capability
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import DYNAMIC_SHARED_LIMIT, SM_COUNT_HINT, TileParam, Tiles, check_block
 
@@ -56,6 +58,11 @@ NARROW_TILE = 48
 K to at least 4/3 of what 48-wide tiles pad it to (K = 33-48 and 129-144): 128x48 tiles of 4x12 micro-tiles ran
 1.26-1.45x faster than the 64-wide ones on K = 40, 48 and 144 (6 of 6 layer-layouts), and
 0.59-1.01x as fast where K fills the usual 64- or 96-wide tiles (docs/perf.md GEMM v28)."""
+TABLE_MAX_ROWS = 1 << 16
+"""The most column-matrix rows (C x taps) a kernel may carry a per-row table for (``precomp``'s row
+offsets, the TMA kernel's slice offsets): the generator writes such a table into the source, one
+entry a row, so past this bound it would render and compile megabytes of initialisers.  The
+benchmark layers have at most 6912 rows."""
 REGISTER_OVERHEAD = 40
 """Registers the estimate adds for addresses, loop counters and loader state (ptxas -v on the
 benchmark layers: 30-45 beyond accumulators and fragments)."""
@@ -320,7 +327,7 @@ def tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
     return -(-gemm_m // block_m) * -(-gemm_n // block_n)
 
 
-def heuristic(spec: ConvSpec) -> GemmTiles:
+def heuristic(spec: ConvSpec, table_fits: bool = True) -> GemmTiles:
     """A sound tile choice without tuning, distilled from tuning the 16 benchmark layers on an
     H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
@@ -359,7 +366,8 @@ def heuristic(spec: ConvSpec) -> GemmTiles:
     block_k = 16 if gemm_k >= 64 else 8
     split_k = heuristic_split_k(tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // block_k))
     return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
-                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k)
+                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k,
+                     precomp=table_fits)
 
 
 def wide_tiles(base: GemmTiles, gemm_n: int) -> GemmTiles:
@@ -496,6 +504,9 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
     b_load = _loader(tiles.block_n, tiles.block_k // b_vec, threads, False, "tiles.block_n", tiles)
     k_tiles = -(-gemm_k // tiles.block_k)
     splits, k_per_split = k_split(spec, tiles)
+    if tiles.precomp and gemm_k > TABLE_MAX_ROWS:
+        raise SpecError("tiles.precomp", True, f"would write a table of {gemm_k} row offsets (C x taps) into the "
+                        f"source; at most {TABLE_MAX_ROWS}: use precomp=False")
     mask_bits = index.tap_mask_bits(alg, terms) if tiles.precomp else 0
     table_width = 2 if mask_bits else 1 + len(terms["a_checked"])  # ints per row, stored as int, int2 or int4
     table = index.row_table(alg, terms, tap_masks=bool(mask_bits)) if tiles.precomp else []
@@ -535,6 +546,29 @@ def context(spec: ConvSpec, tiles: GemmTiles, terms: dict, a_vector_ok: bool, a_
         **{key: value for key, value in terms.items() if key not in ("a_delta", "exprs")},
         "row_coords": [index.to_c(e) for e in alg.row_coords],
     }
+
+
+def async_copy_arch(tiles: GemmTiles) -> dict:
+    """The plan's oldest target: cp.async and its mbarriers need sm_80; register staging runs on
+    every target NVRTC builds for."""
+    if not tiles.async_copy:
+        return {}
+    return {"min_arch": 80, "min_arch_reason": "cp.async; async_copy=False with stages <= 2 runs on older targets"}
+
+
+def for_arch(tiles: GemmTiles, arch: str) -> GemmTiles:
+    """The heuristic's tiles on a target before sm_80: register staging, double-buffered."""
+    if compute_capability(arch) >= 80 or not tiles.async_copy:
+        return tiles
+    return dataclasses.replace(tiles, async_copy=False, stages=min(tiles.stages, 2))
+
+
+def row_table_fits(alg: index.IndexAlgebra, terms: dict) -> bool:
+    """Whether ``precomp``'s row table can be made: at most ``TABLE_MAX_ROWS`` rows, each offset
+    within 32 bits (the table stores ints); the heuristic computes the offsets otherwise."""
+    if alg.rows > TABLE_MAX_ROWS:
+        return False
+    return max(abs(v) for row in index.row_table(alg, terms) for v in row) <= index.INT32_MAX
 
 
 def table_in_constant(a_load: dict, table_bytes: int) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import sympy
 
 from codegen import index
 from codegen.families import im2col
@@ -61,8 +62,8 @@ class Im2colGemm(Family):
         if workspace_limit is not None:
             self.tiles_within(spec, workspace_limit)       # names the least it needs when nothing fits
         per_image = column_bytes_per_image(spec)
-        return [{"batch_chunk": d} for d in range(1, spec.n + 1)
-                if spec.n % d == 0 and (workspace_limit is None or d * per_image <= workspace_limit)]
+        return [{"batch_chunk": d} for d in sympy.divisors(spec.n)
+                if workspace_limit is None or d * per_image <= workspace_limit]
 
     def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
         chunk = tiles.batch_chunk
@@ -75,24 +76,20 @@ class Im2colGemm(Family):
         x_step = chunk * math.prod(alg.image_shape[1:])
         y_step = chunk * math.prod(alg.output_shape[1:])
         (launch,) = inner.launches
-        steps: list[Launch | BlasGemm] = []
-        for first in range(0, spec.n, chunk):
-            steps.append(Launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
-                                args=("x", "col"), offsets=((first // chunk) * x_step, 0)))
-            y_at = ("y", (first // chunk) * y_step)
-            if spec.layout.channels_last:
-                steps.append(BlasGemm(True, True, spec.k, cols, rows, ("w", 0), rows, 0, ("col", 0), cols, 0,
-                                      y_at, spec.k, 0))
-            else:
-                steps.append(BlasGemm(False, False, pixels, spec.k, rows, ("col", 0), cols, pixels, ("w", 0), rows, 0,
-                                      y_at, pixels, spec.k * pixels, chunk))
+        transform = Launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes, args=("x", "col"),
+                           chunk_strides=(x_step, 0))
+        if spec.layout.channels_last:
+            product = BlasGemm(True, True, spec.k, cols, rows, ("w", 0), rows, 0, ("col", 0), cols, 0,
+                               ("y", 0), spec.k, 0, chunk_stride_c=y_step)
+        else:
+            product = BlasGemm(False, False, pixels, spec.k, rows, ("col", 0), cols, pixels, ("w", 0), rows, 0,
+                               ("y", 0), pixels, spec.k * pixels, chunk, chunk_stride_c=y_step)
         buffers = (Buffer("x", alg.image_shape, "in", inner.buffers[0].alignment),
                    Buffer("w", alg.filter_shape, "in"),
                    Buffer("col", (rows, cols), "workspace", inner.buffers[1].alignment),
                    Buffer("y", alg.output_shape, "out"))
-        arguments = Launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes, args=("x", "col"))
-        return KernelPlan(self.name, inner.variant, spec, tiles, buffers, (arguments,), inner.context,
-                          steps=tuple(steps))
+        return KernelPlan(self.name, inner.variant, spec, tiles, buffers, (transform,), inner.context,
+                          steps=(transform, product), chunks=spec.n // chunk)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

@@ -96,7 +96,9 @@ class Im2win(Family):
     def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET) -> Im2winTiles:
         """``gemm.heuristic`` for one chunk's GEMM, the chunk from ``batch_chunk``."""
         chunk = batch_chunk(spec, budget)
-        core = gemm.heuristic(replace(spec, n=chunk))
+        part = replace(spec, n=chunk)
+        alg = index.IndexAlgebra(part)
+        core = gemm.heuristic(part, gemm.row_table_fits(alg, index.gemm_terms(alg, "window")))
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
     def complete_tiles(self, spec: ConvSpec, requested: dict) -> Im2winTiles:
@@ -161,7 +163,11 @@ class Im2win(Family):
                    Buffer("win", index.window_tensor_shape(alg), "workspace", 16 if vector else 4),
                    Buffer("y", whole.output_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
-                          zero_output=context["splits"] > 1)
+                          zero_output=context["splits"] > 1, **gemm.async_copy_arch(tiles))
+
+    def heuristic_tiles(self, spec: ConvSpec, arch: str) -> Im2winTiles:
+        """``default_tiles``, double-buffered through registers before sm_80 (no cp.async there)."""
+        return gemm.for_arch(self.default_tiles(spec), arch)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

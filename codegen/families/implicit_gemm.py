@@ -112,7 +112,8 @@ class ImplicitGemm(Family):
         check then guarded every copy; since v34 the partial slice comes first and only the
         prologue checks it, and 16-deep slices ran 0.99-1.09x the 8-deep ones on those 14
         layer-layouts, so that rule went."""
-        tiles = gemm.heuristic(spec)
+        alg = self.algebra(spec)
+        tiles = gemm.heuristic(spec, gemm.row_table_fits(alg, index.gemm_terms(alg, "image")))
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         if tiles.split_k > 1 and gemm_n % 64 == 0:
             wide = gemm.wide_tiles(tiles, gemm_n)
@@ -138,15 +139,17 @@ class ImplicitGemm(Family):
         keeps the cp.async kernel, which needs no workspace: the gathered TMA kernel (``tma=True``)
         ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
         (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
-        if (compute_capability(arch) < 90 or not spec.layout.channels_last or not tma_suits(spec)
-                or not (spec.k % 64 == 0 or spec.k == 32)):
-            return self.default_tiles(spec)
+        if compute_capability(arch) < 90 or not spec.layout.channels_last or not tma_suits(spec) or not (
+                spec.k % 64 == 0 or spec.k == 32):
+            return gemm.for_arch(self.default_tiles(spec), arch)
         tiles = self.tma_tiles(spec)
         gemm_k = index.gemm_sizes(self.algebra(spec))[2]
         boxed_c = -(-spec.c // tiles.block_k) * tiles.block_k
         if gemm.pads_by_a_third(boxed_c, spec.c) or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
             return self.default_tiles(spec)
         count, blocks = self._tma_grid(spec, tiles)
+        if count > index.INT32_MAX:
+            return self.default_tiles(spec)
         stream_k = takes_stream_k(tiles, count, blocks)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if stream_k else TMA_MIN_TILES_PER_SM
         one_full_round = (stream_k and count >= SM_COUNT_HINT and gemm_k >= TMA_ONE_ROUND_MIN_GEMM_K
@@ -247,7 +250,8 @@ class ImplicitGemm(Family):
         buffers = (Buffer("x", alg.image_shape, "in", 16 if vector and tiles.vector_load else 4),
                    Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
                    Buffer("y", alg.output_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1)
+        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1,
+                          **gemm.async_copy_arch(tiles))
 
     def _tma_grid(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> tuple[int, int]:
         """The TMA kernel's CTA tiles and its persistent blocks: every SM times the blocks that fit
@@ -282,6 +286,9 @@ class ImplicitGemm(Family):
         m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
         shared = gemm.tma_shared_bytes(tiles)
         count, blocks = self._tma_grid(spec, tiles)
+        if count > index.INT32_MAX:
+            raise SpecError("tiles.block_m", tiles.block_m, f"gives the TMA kernel {count} output tiles, which it "
+                            f"counts in 32 bits (at most {index.INT32_MAX}); use larger tiles or tma=False")
         name = kernel_name(self.name, "tma", spec, tiles)
         slices = alg.taps * -(-spec.c // block_k)
         stream_k = takes_stream_k(tiles, count, blocks)
@@ -318,6 +325,7 @@ class ImplicitGemm(Family):
                    Buffer("y", alg.output_shape, "out", 16 if vector_store else 4),
                    Buffer("wt", transposed["shape"], "workspace", 16))
         return KernelPlan(self.name, "tma", spec, tiles, buffers, launches, context, min_arch=90,
+                          min_arch_reason="TMA, mbarriers and warp specialisation; tma=False runs on sm_80",
                           arch_specific=context["register_split"] is not None)
 
     @staticmethod
@@ -483,6 +491,10 @@ def check_tma_spec(spec: ConvSpec) -> None:
     16-byte pixel strides, strides up to 8, and corners (-p and p - d*(f - 1)) in the 8-bit (2D)
     or 5-bit (3D) range the map encodes.  A channels-first image is gathered by the producer
     warps instead, which takes every spec."""
+    slices = math.prod(spec.filter_size) * -(-spec.c // gemm.TMA_FIXED["block_k"])
+    if slices > gemm.TABLE_MAX_ROWS:
+        raise SpecError("c", spec.c, f"gives the TMA kernel {slices} k-slices (taps x C/32), whose offsets it "
+                        f"tabulates; at most {gemm.TABLE_MAX_ROWS} (tma=True): use tma=False")
     if not spec.layout.channels_last:
         return
     if spec.pitch % 4:
