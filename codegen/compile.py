@@ -24,12 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ENTRY_MAGIC = b"CONVGEN-CUBIN-1\n"
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.cubin")
+_TEMP_NAME = re.compile(r"\.tmp-[a-z0-9_]{8}")
+STALE_TEMP_SECONDS = 3600
+"""An empty ``.tmp-`` file older than this is a convgen writer's leftover (see KernelCache._scan)."""
 DEFAULT_ARCH = "sm_90"
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v", "-lineinfo")
 
 
 class CompileError(RuntimeError):
     """NVRTC rejected the source; the message carries its log."""
+
+
+class CacheError(OSError):
+    """The kernel cache's folder could not be read or cleared; ``str()`` is one line."""
 
 
 @dataclass(frozen=True)
@@ -253,25 +261,92 @@ class KernelCache:
         except OSError as err:
             self._disable_disk(err.strerror or str(err))
 
+    def _scan(self) -> tuple[list[Path], list[Path], int]:
+        """The folder's convgen entries, convgen temporaries, and how many other things it holds.
+
+        An entry is ``<64 lowercase hex>.cubin`` whose file starts with ``ENTRY_MAGIC``.  A temporary
+        is named as write_disk's mkstemp names them (``.tmp-`` and 8 characters) and either starts
+        with ``ENTRY_MAGIC`` (write_disk writes the whole blob in one call) or is empty and older than
+        ``STALE_TEMP_SECONDS`` (a writer killed between mkstemp and its write).  Anything else,
+        symlinks and folders included, is not the cache's: it is neither counted nor removed.
+        """
+        directory = self.directory
+        entries: list[Path] = []
+        temps: list[Path] = []
+        foreign = 0
+        try:
+            listing = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return entries, temps, foreign
+        except OSError as err:
+            raise CacheError(f"cannot read the cache folder {directory} ({err.strerror or err})") from err
+        for item in listing:
+            path = Path(item.path)
+            if not item.is_file(follow_symlinks=False):
+                foreign += 1
+            elif _ENTRY_NAME.fullmatch(item.name) and _starts_with_magic(path):
+                entries.append(path)
+            elif _TEMP_NAME.fullmatch(item.name) and (_starts_with_magic(path) or _stale_and_empty(item)):
+                temps.append(path)
+            else:
+                foreign += 1
+        return sorted(entries), sorted(temps), foreign
+
     def info(self) -> dict:
-        entries = sorted(self.directory.glob("*.cubin")) if self.directory.is_dir() else []
+        """The cache's entries on disk; ``foreign`` counts the other things in its folder, which
+        clear leaves alone (the tuning database lives there too)."""
+        entries, _, foreign = self._scan()
+        sizes = []
+        for path in entries:
+            with contextlib.suppress(FileNotFoundError):
+                sizes.append(path.stat().st_size)
         return {
             "directory": str(self.directory),
-            "entries": len(entries),
-            "bytes": sum(p.stat().st_size for p in entries),
+            "entries": len(sizes),
+            "bytes": sum(sizes),
             "in_memory": len(self._memory),
+            "foreign": foreign,
         }
 
     def clear(self) -> int:
-        removed = 0
+        """Remove convgen's entries and temporaries, never other files; returns how many went.
+
+        Raises ``CacheError`` (one line: counts, first reason, folder) when any could not be removed,
+        so that a read-only folder is not reported as cleared."""
         with self._lock:
             self._memory.clear()
-        if self.directory.is_dir():
-            for path in list(self.directory.glob("*.cubin")) + list(self.directory.glob(".tmp-*")):
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                    removed += 1
+        entries, temps, _ = self._scan()
+        removed = 0
+        failures: list[OSError] = []
+        for path in entries + temps:
+            try:
+                path.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                failures.append(err)
+        if failures:
+            raise CacheError(f"removed {removed} of {removed + len(failures)} entries from {self.directory}: "
+                             f"{len(failures)} could not be removed ({failures[0].strerror or failures[0]})")
         return removed
+
+
+def _starts_with_magic(path: Path) -> bool:
+    """Whether ``path`` begins like a convgen entry; one that cannot be read is not provably ours."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(ENTRY_MAGIC)) == ENTRY_MAGIC
+    except OSError:
+        return False
+
+
+def _stale_and_empty(item: os.DirEntry) -> bool:
+    try:
+        info = item.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return info.st_size == 0 and time.time() - info.st_mtime > STALE_TEMP_SECONDS
 
 
 _CACHE: KernelCache | None = None

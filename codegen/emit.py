@@ -1,8 +1,11 @@
 """Standalone ``.cu`` emission: kernels, a plain C launcher and a self-test, for plain ``nvcc``."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -21,6 +24,46 @@ beyond it the self-test compares a sample of the output with the reference (ever
 checked for the NaN poison), where comparing all of im2win's c3d_conv3 output took 205 s at -O3."""
 
 
+C_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class
+    compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype
+    default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
+    int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+    reinterpret_cast requires restrict return short signed sizeof static static_assert static_cast struct switch
+    template this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+    wchar_t while xor xor_eq _Alignas _Alignof _Atomic _Bool _Complex _Generic _Imaginary _Noreturn
+    _Static_assert _Thread_local
+""".split())
+"""C and C++ keywords: a launcher may not take one."""
+
+
+def check_launcher_name(name, kernel_plan) -> None:
+    """The launcher's name goes into the C source as it is, so it must be a C identifier, not a
+    keyword, not reserved to the compiler (a leading double underscore or underscore and capital)
+    and not a name the file already defines (its kernels)."""
+    if name is None:
+        return
+    field = "launcher"
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise SpecError(field, name, "must be a C identifier (letters, digits and _, not starting with a digit)")
+    if name in C_KEYWORDS:
+        raise SpecError(field, name, "is a C/C++ keyword; pick another name")
+    if name.startswith("__") or re.match(r"_[A-Z]", name):
+        raise SpecError(field, name, "is reserved to the compiler (leading __ or _ and a capital); pick another name")
+    if name == "main" or name in _names_defined(kernel_plan):
+        raise SpecError(field, name, "clashes with a name the file defines (its convgen_... kernels and helpers, "
+                        "the self-test's main); pick another name")
+
+
+def _names_defined(kernel_plan) -> set[str]:
+    """The convgen_ names a standalone file of ``kernel_plan`` defines: its kernels, constants and
+    helpers (read from the kernels' source and from the standalone template's text)."""
+    from codegen.render import PACKAGE_TEMPLATES, render_kernels
+
+    standalone = (PACKAGE_TEMPLATES / "standalone.cu.j2").read_text(encoding="utf-8")
+    return set(re.findall(r"\bconvgen_\w+", render_kernels(kernel_plan).code + standalone))
+
+
 def selftest_stride(outputs: int, terms: int) -> int:
     """1 (compare every output) within ``SELFTEST_BUDGET``, else the odd step that keeps the
     reference's work near it: odd, so the sample meets every residue of the power-of-two periods
@@ -30,10 +73,14 @@ def selftest_stride(outputs: int, terms: int) -> int:
 
 
 def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, launcher: str | None = None,
-                file_name: str = "kernel.cu", arch: str = DEFAULT_ARCH, workspace_limit: int | None = None) -> str:
-    """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point."""
+                file_name: str = "kernel.cu", arch: str | None = DEFAULT_ARCH,
+                workspace_limit: int | None = None) -> str:
+    """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point; ``arch``
+    None is sm_90, for the file is built elsewhere (build()'s None is this machine's device)."""
+    arch = DEFAULT_ARCH if arch is None else arch
     kernel_plan = make_plan(family, spec, tiles, arch, workspace_limit)
     check_arch(kernel_plan, arch)
+    check_launcher_name(launcher, kernel_plan)
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
@@ -73,22 +120,147 @@ def build_flags(text: str) -> list[str]:
     return found.group(1).split()
 
 
-def write_if_changed(path: Path, text: str) -> bool:
-    """Write atomically, and only when the content differs; returns whether it wrote."""
-    path = Path(path)
-    if path.exists() and path.read_text(encoding="utf-8") == text:
+class EmitError(OSError):
+    """emit could not write its file; ``str()`` is one line, ``cannot write <path>: <reason>``."""
+
+
+_NOT_REGULAR = ((stat.S_ISDIR, "it is a directory"),
+                (stat.S_ISCHR, "it is a character device; emit writes regular files only (give a file path)"),
+                (stat.S_ISBLK, "it is a block device; emit writes regular files only (give a file path)"),
+                (stat.S_ISFIFO, "it is a FIFO (named pipe); emit writes regular files only (give a file path)"),
+                (stat.S_ISSOCK, "it is a socket; emit writes regular files only (give a file path)"))
+
+
+def _emit_error(shown: str, reason: str, cause: OSError | None = None) -> EmitError:
+    error = EmitError(f"cannot write {shown or repr(shown)}: {reason}")
+    error.errno = getattr(cause, "errno", None)
+    return error
+
+
+def _umask() -> int:
+    """The process umask: from /proc when it says (no window where it is 0 for other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+def _reason(err: OSError, folder: Path) -> str:
+    """A reason a user can act on: which folder refused, or which path component is a file."""
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        existing = next((p for p in [folder, *folder.parents] if p.exists()), folder)
+        return f"the folder {existing} is not writable ({err.strerror})"
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        for parent in reversed([folder, *folder.parents]):
+            if parent.is_file():
+                return f"{parent} is a regular file, not a folder"
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is not a folder"
+    return err.strerror or str(err)
+
+
+def _same_bytes(target: Path, size: int, data: bytes) -> bool:
+    """Whether ``target`` already holds ``data``; an unreadable file counts as different."""
+    if size != len(data):
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".emit-", dir=path.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(temp, path)
+    try:
+        with open(target, "rb") as existing:
+            return existing.read() == data
+    except OSError:
+        return False
+
+
+def write_if_changed(path: str | os.PathLike, text: str) -> bool:
+    """Write ``text`` (UTF-8) to ``path`` as ``open(path, "w")`` would, only when the bytes differ;
+    returns whether it wrote.
+
+    Like ``open``: it writes through symlinks (the link stays a link), an existing file keeps its
+    permission bits and a new one gets ``0o666 & ~umask``.  Unlike ``open``: the file is replaced
+    atomically (temp beside the real target, fsync, rename), so a failure never leaves a partial
+    file, and device files, FIFOs, sockets and directories are refused before anything is touched.
+    Every failure is an ``EmitError`` with a one-line message; the temporary is always removed.
+    """
+    shown = os.fspath(path)
+    if shown == "":
+        raise _emit_error(shown, "an empty path")
+    data = text.encode("utf-8")
+    target = Path(os.path.realpath(shown))
+    folder = target.parent
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except PermissionError as err:
+        raise _emit_error(shown, f"the folder {folder} cannot be searched ({err.strerror})", err) from err
+    except OSError as err:
+        raise _emit_error(shown, _reason(err, folder), err) from err
+    if info is not None:
+        for test, reason in _NOT_REGULAR:
+            if test(info.st_mode):
+                raise _emit_error(shown, reason)
+        if _same_bytes(target, info.st_size, data):
+            return False
+        mode = info.st_mode & 0o777
+    else:
+        mode = 0o666 & ~_umask()
+        if os.path.islink(shown) and not folder.is_dir():
+            raise _emit_error(shown, f"it is a symlink to {target}, whose folder {folder} does not exist")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(prefix=".emit-", dir=folder)
+    except OSError as err:
+        raise _emit_error(shown, _reason(err, folder), err) from err
+    try:
+        try:
+            os.fchmod(handle, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(handle, view):]
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        os.replace(temp, target)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(err, OSError):
+            raise _emit_error(shown, _reason(err, folder), err) from err
+        raise
     return True
 
 
+def check_output_folder(folder: str | os.PathLike) -> None:
+    """Refuse, before any work, a folder that ``write_if_changed`` could not write files into (the
+    demo's ``--out``): the nearest existing folder on its path is probed with a temporary file, made
+    as the writer makes one and removed at once, so that nothing is left behind either way."""
+    shown = os.fspath(folder)
+    if shown == "":
+        raise _emit_error(shown, "an empty path")
+    target = Path(os.path.realpath(shown))
+    existing = next(p for p in [target, *target.parents] if p.exists())
+    if not existing.is_dir():
+        raise _emit_error(shown, f"{existing} is {'a regular file' if existing.is_file() else 'not a folder'}, "
+                          "not a folder")
+    try:
+        handle, temp = tempfile.mkstemp(prefix=".emit-", dir=existing)
+    except OSError as err:
+        raise _emit_error(shown, _reason(err, existing), err) from err
+    os.close(handle)
+    os.unlink(temp)
+
+
 def emit(family: str, spec: ConvSpec, path: str | os.PathLike, tiles: Tiles | dict | None = None,
-         launcher: str | None = None, arch: str = DEFAULT_ARCH, workspace_limit: int | None = None) -> Path:
+         launcher: str | None = None, arch: str | None = DEFAULT_ARCH, workspace_limit: int | None = None) -> Path:
     """Write the standalone file for ``family`` and ``spec`` to ``path``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"emit's path must be a file path (str or os.PathLike); got {type(path).__name__}")
+    if os.fspath(path) == "":
+        raise _emit_error("", "an empty path")
     path = Path(path)
     write_if_changed(path, emit_source(family, spec, tiles, launcher, path.name, arch, workspace_limit))
     return path
