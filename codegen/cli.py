@@ -31,7 +31,8 @@ filter_size, stride, padding, dilation, dpitch, dtype) and flags given as well o
 """
 
 DEFAULTS = {"dims": 2, "n": 2, "c": 3, "k": 8, "input_size": None, "filter_size": None,
-            "stride": 1, "padding": 1, "dilation": 1, "dpitch": None, "dtype": "float32"}
+            "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32"}
+"""What a flag left out means; padding 0 as in a spec file, ConvSpec and torch.nn.Conv2d."""
 
 
 class Fail(Exception):
@@ -49,7 +50,8 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--input", type=int, nargs="+", metavar="SIZE", help="input size, e.g. 32 32 (default 32 per dim)")
     group.add_argument("--filter", type=int, nargs="+", metavar="SIZE", help="filter size, e.g. 3 3 (default 3 per dim)")
     group.add_argument("--stride", type=int, nargs="+", help="stride (default 1)")
-    group.add_argument("--padding", type=int, nargs="+", help="zero padding (default 1)")
+    group.add_argument("--padding", type=int, nargs="+", help="zero padding (default 0, as in a --spec file and "
+                       "torch.nn.Conv2d; --padding 1 keeps a 3x3 filter's output the input's size)")
     group.add_argument("--dilation", type=int, nargs="+", help="dilation (default 1)")
     group.add_argument("--dpitch", type=int, help="channel pitch of channels-last data, >= c (default c)")
     group.add_argument("--dtype", help="element type (float32)")
@@ -65,7 +67,8 @@ def _one_or_many(values):
 
 def given_fields(args) -> dict:
     """The spec fields the flags give (those left out are absent), layout in capitals."""
-    flags = {"dims": args.dims, "layout": args.layout.upper() if args.layout else None, "n": args.n, "c": args.c,
+    flags = {"dims": args.dims, "layout": args.layout.upper() if args.layout is not None else None, "n": args.n,
+             "c": args.c,
              "k": args.k, "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
              "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
              "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
@@ -153,7 +156,7 @@ def cmd_emit(args) -> int:
     from codegen.emit import build_flags, emit
 
     path = emit(args.family, spec_from_args(args), args.output, tiles_from_args(args), args.name,
-                args.arch or "sm_90", workspace_limit_from_args(args))
+                "sm_90" if args.arch is None else args.arch, workspace_limit_from_args(args))
     print(f"wrote {path}  (build: nvcc {' '.join(build_flags(path.read_text()))} -DCONVGEN_SELFTEST {path} -o selftest)")
     return 0
 
@@ -172,8 +175,11 @@ def _report_compile(kernel) -> None:
     print(f"cubin    {len(compiled.cubin)} bytes")
     workspaces = ", ".join(f"{b.name} {format_bytes(b.elements * 4)}" for b in kernel.plan.workspaces)
     print(f"memory   workspace {format_bytes(kernel.plan.workspace_bytes)}{f' ({workspaces})' if workspaces else ''}")
+    dynamic = {launch.kernel: launch.shared_bytes for launch in kernel.plan.launches}
     for name, res in compiled.resources.items():
-        print(f"kernel   {name}: {res.registers} registers, {res.shared_bytes} B shared, "
+        shared = (f"{res.shared_bytes} B static + {dynamic[name]} B dynamic shared" if dynamic.get(name)
+                  else f"{res.shared_bytes} B shared")
+        print(f"kernel   {name}: {res.registers} registers, {shared}, "
               f"{res.stack_bytes} B stack, spills {res.spill_stores}/{res.spill_loads} B")
     for warning in compiled.warnings:
         print(f"warning  {warning}")
@@ -223,13 +229,19 @@ def rate(kernel_plan, seconds: float) -> str:
 
 def cmd_fuzz(args) -> int:
     from codegen.api import has_gpu
+    from codegen.families import get_family
     from codegen.fuzz import check_pins, fuzz, spec_command
 
     if args.spec:
         raise Fail("fuzz draws its specs, so it takes no --spec file: pin the fields to keep with the spec flags "
                    "(e.g. --layout NHWC --c 64 --stride 1), or check one spec with 'convgen run --spec FILE'")
+    if args.examples < 1:
+        raise SpecError("--examples", args.examples, "must be at least 1 (the specs to check)")
+    family = get_family(args.family)
     on_gpu = has_gpu()
     tiles = tiles_from_args(args)
+    if tiles:
+        family.tiles_type.from_dict({**family.tiles_type().to_dict(), **tiles})   # names and values, before drawing
     pinned = given_fields(args)
     check_pins(pinned)
     what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
@@ -375,10 +387,11 @@ def cmd_cache(args) -> int:
 
     cache = default_cache()
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.directory}")
+        print(f"removed {cache.clear()} entries from {cache.directory} (other files there are left alone)")
     else:
         info = cache.info()
-        print(f"directory  {info['directory']}\nentries    {info['entries']}\nbytes      {info['bytes']}")
+        print(f"directory  {info['directory']}\nentries    {info['entries']}\nbytes      {info['bytes']}\n"
+              f"other      {info['foreign']} file(s) not convgen's (left alone by 'cache clear')")
     return 0
 
 
@@ -409,7 +422,9 @@ def cmd_catalogue(args) -> int:
 
 def cmd_demo(args) -> int:
     from codegen import demo
+    from codegen.emit import check_output_folder
 
+    check_output_folder(Path(args.out))
     return demo.run(Path(args.out))
 
 
@@ -552,13 +567,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from codegen.api import LaunchError
-    from codegen.compile import CompileError
+    from codegen.compile import CacheError, CompileError
+    from codegen.emit import EmitError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (SpecError, LaunchError, CompileError, Fail) as err:
+    except (SpecError, LaunchError, CompileError, CacheError, EmitError, Fail) as err:
         print(f"convgen: error: {err}", file=sys.stderr)
         return 2
 

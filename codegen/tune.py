@@ -108,13 +108,16 @@ def entry_key(family: str, spec: ConvSpec, device: tuple[str, str], version: str
 
 
 class TuningDB:
-    """A JSON file of tuned configurations; every write replaces the file atomically, and a file
-    that does not parse is reported, moved aside (``*.corrupt-<time>``) and started afresh."""
+    """A JSON file of tuned configurations; every write replaces the file atomically.  A file that
+    does not parse is reported and read as empty; the first write moves it aside
+    (``*.corrupt-<time>``) rather than over it, and a read never moves anything.  A path that is not
+    a readable file (a folder, no permission) is refused as ``--db``."""
 
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else default_db_path()
         self._entries: dict[str, dict] | None = None
         self._stamp: float | None = None
+        self._corrupt = False
 
     def entries(self) -> dict[str, dict]:
         stamp = self.path.stat().st_mtime if self.path.exists() else None
@@ -123,25 +126,40 @@ class TuningDB:
         return self._entries
 
     def _load(self) -> dict[str, dict]:
+        self._corrupt = False
         if not self.path.exists():
             return {}
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            text, damage = "", err
+        except OSError as err:
+            raise SpecError("--db", str(self.path), f"cannot be read as a tuning database "
+                            f"({err.strerror or err})") from None
+        else:
+            damage = None
+        try:
+            if damage is not None:
+                raise ValueError(f"not UTF-8 text: {damage.reason}")
+            data = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
                 raise ValueError("no 'entries' object")
             return data["entries"]
-        except (OSError, ValueError) as err:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            try:
-                os.replace(self.path, aside)
-                where = f"moved to {aside}"
-            except OSError:
-                where = "left in place"
-            warnings.warn(f"convgen: tuning database {self.path} is unreadable ({err}); {where}, using the "
-                          "heuristic until it is tuned again", stacklevel=3)
+        except ValueError as err:
+            self._corrupt = True
+            warnings.warn(f"convgen: tuning database {self.path} is unreadable ({err}); using the heuristic "
+                          "until it is tuned again (the next record moves the file aside)", stacklevel=3)
             return {}
 
+    def _move_aside_if_corrupt(self) -> None:
+        if self._corrupt and self.path.is_file():
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            os.replace(self.path, aside)
+            warnings.warn(f"convgen: moved the unreadable tuning database {self.path} to {aside}", stacklevel=4)
+            self._corrupt = False
+
     def _write(self, entries: dict[str, dict]) -> None:
+        self._move_aside_if_corrupt()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle, temp = tempfile.mkstemp(prefix=".tuning-", dir=self.path.parent)
         try:
@@ -179,8 +197,14 @@ class TuningDB:
         self._write(entries)
 
     def export(self, path: Path | str) -> int:
+        """Write the entries to ``path`` as emit writes its files (``emit.write_if_changed``)."""
+        from codegen.emit import EmitError, write_if_changed
+
         entries = self.entries()
-        Path(path).write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True), encoding="utf-8")
+        try:
+            write_if_changed(Path(path), json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True))
+        except EmitError as err:
+            raise SpecError("--export", str(path), str(err)) from None
         return len(entries)
 
     def import_(self, path: Path | str) -> int:

@@ -74,7 +74,9 @@ def test_database_writes_are_atomic(tmp_path, monkeypatch):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tuning-")]
 
 
-def test_corrupt_database_is_reported_set_aside_and_never_breaks_a_build(tmp_path, monkeypatch):
+def test_corrupt_database_is_reported_never_breaks_a_build_and_is_set_aside_by_the_next_record(tmp_path, monkeypatch):
+    """A read (a build, ``tune --show``) never moves a file: the database may be a path the user
+    named; the first record moves the unreadable file aside rather than over it."""
     path = tmp_path / "tuning.json"
     path.write_text("{ not json")
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(path))
@@ -82,7 +84,12 @@ def test_corrupt_database_is_reported_set_aside_and_never_breaks_a_build(tmp_pat
     with pytest.warns(UserWarning, match="unreadable"):
         kernel_plan = plan("implicit_gemm", SPEC)
     assert kernel_plan.tiles == get_family("implicit_gemm").default_tiles(SPEC)
-    assert not path.exists() and any(p.name.startswith("tuning.json.corrupt-") for p in tmp_path.iterdir())
+    assert path.read_text() == "{ not json" and len(list(tmp_path.iterdir())) == 1
+    db = tune.TuningDB()
+    with pytest.warns(UserWarning):
+        db.record("implicit_gemm", SPEC, DEVICE, {"stages": 4})
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("tuning.json.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_text() == "{ not json" and "stages" in path.read_text()
 
 
 def test_build_uses_the_tuned_configuration(tmp_path, monkeypatch):

@@ -94,7 +94,8 @@ def test_cli_sizes_refuse_what_they_cannot_read(text, message):
 
 
 def test_cli_workspace_limit_reaches_the_plan_and_the_report(cache_dir, capsys):
-    flags = ["--dims", "3", "--layout", "NDHWC", "--n", "4", "--c", "8", "--k", "8", "--input", "4", "8", "8"]
+    flags = ["--dims", "3", "--layout", "NDHWC", "--n", "4", "--c", "8", "--k", "8", "--input", "4", "8", "8",
+             "--padding", "1"]
     assert main(["compile", "im2win", *flags, "--workspace-limit", "200KiB"]) == 0
     report = capsys.readouterr().out
     assert "batch_chunk=2" in report and "memory   workspace 180 KiB (win 180 KiB)" in report
