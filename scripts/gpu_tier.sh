@@ -73,7 +73,7 @@ fuzz_matrix() {  # `convgen fuzz` on every case of FUZZ_CASES, each its own proc
 }
 gpu_tests() {  # each GPU test in its own process, $JOBS (default 6) at a time: NVRTC compiles per example dominate
     rm -f "$logs"/gpu-tests_*.log  # a reused $LOGS must not count an earlier call's tests
-    python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu.py \
+    python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu*.py \
         | grep '::' >"$logs/gpu-ids.txt"
     xargs -P "${JOBS:-6}" -I{} sh -c 'timeout '"${TEST_TIMEOUT:-420}"' python3 -m pytest -x -q -p no:cacheprovider --hypothesis-show-statistics "$1" \
         >"$2/gpu-$(echo "$1" | tr -c "A-Za-z0-9_\n" "_").log" 2>&1' _ {} "$logs" <"$logs/gpu-ids.txt"

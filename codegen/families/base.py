@@ -83,19 +83,17 @@ class Launch:
     chunk_strides: tuple[int, ...] | None = None
     tensor_maps: tuple[TensorMap, ...] = ()
 
+    fold: launch_limits.GridFold | None = field(init=False, compare=False, default=None)
+    """How a grid past CUDA's limits is laid over z (None: launched as it is), fixed when planned."""
+
     def __post_init__(self) -> None:
         launch_limits.check_block_dims(self.kernel, self.block)
-        launch_limits.fold_grid(self.kernel, self.grid)
+        object.__setattr__(self, "fold", launch_limits.fold_grid(self.kernel, self.grid))
 
     @property
     def threads(self) -> int:
         """Threads of the virtual grid: what the kernel's index proof must cover."""
         return math.prod(self.grid) * math.prod(self.block)
-
-    @property
-    def fold(self) -> launch_limits.GridFold | None:
-        """How a grid past CUDA's limits is laid over z (None: launched as it is)."""
-        return launch_limits.fold_grid(self.kernel, self.grid)
 
     @property
     def launch_grid(self) -> tuple[int, int, int]:
