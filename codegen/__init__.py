@@ -4,8 +4,7 @@
     col = codegen.build("im2col", spec)(x)
     codegen.emit("im2col", spec, "out.cu")
 """
-__version__ = "0.1.0"
-
+from codegen.version import __version__  # noqa: E402
 from codegen.api import Kernel, LaunchError, build, has_gpu, plan  # noqa: E402
 from codegen.emit import emit  # noqa: E402
 from codegen.spec import ConvSpec, DType, Layout, SpecError  # noqa: E402

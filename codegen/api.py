@@ -6,15 +6,17 @@ array fails with a sentence instead of a wrong answer or a crash.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from codegen.compile import CompileError, CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
 from codegen.families import get_family
-from codegen.families.base import BlasGemm, Buffer, KernelPlan, format_bytes
+from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import STATIC_SHARED_LIMIT, Tiles, max_shared_per_block
+from codegen.tuning_db import tuned_or_heuristic
 
 
 class LaunchError(ValueError):
@@ -25,11 +27,15 @@ def has_gpu() -> bool:
     return device_arch() is not None
 
 
+Chooser = Callable[[Family, ConvSpec, str, "int | None"], Tiles]
+"""Picks the tiles of a build that names none: (family, spec, arch, workspace limit) -> tiles."""
+
+
 def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,
-         workspace_limit: int | None = None) -> KernelPlan:
-    """Validate ``tiles`` for ``family`` (None: the tuned configuration for this GPU if one was
-    recorded by ``convgen tune``, else the heuristic for ``arch``, by default the device's or
-    sm_90) and return the family's plan.
+         workspace_limit: int | None = None, chooser: Chooser = tuned_or_heuristic) -> KernelPlan:
+    """Validate ``tiles`` for ``family`` (None: ``chooser``'s pick, by default the tuned
+    configuration for this GPU if ``convgen tune`` recorded one, else the heuristic for ``arch``,
+    by default the device's or sm_90) and return the family's plan.
 
     ``workspace_limit`` caps the plan's workspace (device memory beyond inputs and output, in
     bytes), as cuDNN's algorithm choice takes a workspace limit: tiles chosen here are held under
@@ -44,7 +50,7 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
     if tiles is None:
-        tiles = _tuned_or_default(fam, spec, arch, workspace_limit)
+        tiles = chooser(fam, spec, arch, workspace_limit)
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles)
     elif not isinstance(tiles, fam.tiles_type):
@@ -72,24 +78,6 @@ def _difference(tiles: Tiles, other: Tiles) -> str:
     ours = tiles.to_dict()
     changed = [f"{k}={v}" for k, v in other.to_dict().items() if ours.get(k) != v]
     return " ".join(changed) or other.describe()
-
-
-def _tuned_or_default(fam, spec: ConvSpec, arch: str, workspace_limit: int | None = None) -> Tiles:
-    """The tuned configuration recorded for this GPU and version when there is one (it still
-    plans and renders to the kernel code that was timed), else the heuristic; a database problem
-    never stops a build.  Under a workspace limit, the record tuned under that limit comes first,
-    then the one tuned without a limit (``plan`` holds either to the limit).  A record is used as it
-    was measured: a field added since (split_k) takes its declared default, not the heuristic's."""
-    from codegen.tune import tuned_tiles
-
-    for limit in (None,) if workspace_limit is None else (workspace_limit, None):
-        try:
-            tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
-            if tuned is not None:
-                return fam.tiles_type.from_dict(tuned)
-        except (SpecError, TypeError, ValueError):
-            pass
-    return fam.heuristic_tiles(spec, arch)
 
 
 @dataclass

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.bench import BATCH, layer_spec, load_shapes
-from codegen.emit import emit_source, write_if_changed
+from codegen.emit import emit_source
+from codegen.files import write_if_changed
 from codegen.families import direct, get_family, implicit_gemm
 from codegen.spec import ConvSpec
 

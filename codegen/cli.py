@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from codegen import __version__
+from codegen.version import __version__
 from codegen.bench_conv import FAMILIES as CONV_FAMILIES
 from codegen.spec import ConvSpec, SpecError
 
@@ -422,7 +422,7 @@ def cmd_catalogue(args) -> int:
 
 def cmd_demo(args) -> int:
     from codegen import demo
-    from codegen.emit import check_output_folder
+    from codegen.files import check_output_folder
 
     check_output_folder(Path(args.out))
     return demo.run(Path(args.out))
@@ -568,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from codegen.api import LaunchError
     from codegen.compile import CacheError, CompileError
-    from codegen.emit import EmitError
+    from codegen.files import EmitError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jinja2
 
-from codegen import __version__
+from codegen.version import __version__
 from codegen.launch_limits import block_index
 from codegen.families.base import KernelPlan, format_bytes
 

@@ -7,12 +7,13 @@ import stat
 
 import pytest
 
-from codegen.emit import EmitError, emit, write_if_changed
+from codegen.emit import emit
+from codegen.files import EmitError, write_if_changed
 from codegen.spec import ConvSpec
 
 TEXT = "// convgen kernel\nint x;\n"
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-emit_module = importlib.import_module("codegen.emit")  # the package exports a function named emit
+files_module = importlib.import_module("codegen.files")
 SPEC = ConvSpec(dims=2, layout="NHWC", n=2, c=3, k=1, input_size=(8, 8), filter_size=3, padding=1, dpitch=4)
 
 
@@ -174,7 +175,7 @@ def test_an_unwritable_folder_is_one_line(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(emit_module.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(files_module.tempfile, "mkstemp", refuse)
     with pytest.raises(EmitError, match=rf"^cannot write .*k\.cu: the folder {tmp_path} is not writable "
                                         r"\(Permission denied\)$"):
         write_if_changed(target, TEXT)
@@ -185,7 +186,7 @@ def test_an_unwritable_folder_above_missing_ones_is_named(tmp_path, monkeypatch)
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(emit_module.Path, "mkdir", refuse)
+    monkeypatch.setattr(files_module.Path, "mkdir", refuse)
     with pytest.raises(EmitError, match=rf"^cannot write .*k\.cu: the folder {tmp_path} is not writable "
                                         r"\(Permission denied\)$"):
         write_if_changed(tmp_path / "new" / "sub" / "k.cu", TEXT)
@@ -220,7 +221,7 @@ def test_a_full_disk_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch)
             return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(emit_module.os, "write", fill_up)
+    monkeypatch.setattr(files_module.os, "write", fill_up)
     with pytest.raises(EmitError, match=r"^cannot write .*k\.cu: No space left on device$") as caught:
         write_if_changed(target, TEXT)
     monkeypatch.undo()
@@ -234,7 +235,7 @@ def test_a_failed_rename_removes_the_temporary(tmp_path, monkeypatch):
     def busy(src, dst):
         raise OSError(errno.EBUSY, "Device or resource busy")
 
-    monkeypatch.setattr(emit_module.os, "replace", busy)
+    monkeypatch.setattr(files_module.os, "replace", busy)
     with pytest.raises(EmitError, match="Device or resource busy$"):
         write_if_changed(target, TEXT)
     assert not target.exists() and not strays(tmp_path)
@@ -247,7 +248,7 @@ def test_an_interrupt_removes_the_temporary_and_propagates(tmp_path, monkeypatch
     def interrupt(fd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(emit_module.os, "fsync", interrupt)
+    monkeypatch.setattr(files_module.os, "fsync", interrupt)
     with pytest.raises(KeyboardInterrupt):
         write_if_changed(target, TEXT)
     assert target.read_text() == "old" and not strays(tmp_path)

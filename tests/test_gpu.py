@@ -544,7 +544,7 @@ def test_gemm_families_on_edge_shapes():
 def test_tuning_a_small_spec_keeps_its_budget_and_picks_a_correct_configuration(tmp_path):
     import time
 
-    from codegen import tune
+    from codegen import tune, tuning_db
     from codegen.fuzz import relative_error
 
     spec = ConvSpec(dims=2, layout="NHWC", n=8, c=32, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
@@ -553,7 +553,7 @@ def test_tuning_a_small_spec_keeps_its_budget_and_picks_a_correct_configuration(
     result = tune.tune("implicit_gemm", spec, budget=20, max_configs=40, db=db, progress=False)
     assert time.monotonic() - start < 20 + 15          # one batch may finish past the deadline
     assert result.best is not None and result.best.status == "ok"
-    assert db.lookup("implicit_gemm", spec, tune.current_device()) == result.best.tiles
+    assert db.lookup("implicit_gemm", spec, tuning_db.current_device()) == result.best.tiles
     out, expected = run_on_gpu("implicit_gemm", spec, result.best.tiles, 3)
     assert relative_error(out, expected) < 1e-6
 

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from codegen import tune
+from codegen import tune, tuning_db
 from codegen.api import plan
 from codegen.families import get_family
 from codegen.families.gemm import check_geometry, register_estimate, shared_bytes
@@ -43,8 +43,8 @@ def test_database_round_trip_and_keying(tmp_path):
     assert fresh.lookup("im2win", SPEC, DEVICE) is None
     other = ConvSpec(dims=2, layout="NHWC", n=4, c=16, k=48, input_size=(14, 14), filter_size=(3, 3), padding=0)
     assert fresh.lookup("implicit_gemm", other, DEVICE) is None
-    key = tune.entry_key("implicit_gemm", SPEC, DEVICE)
-    assert key in fresh.entries() and tune.entry_key("implicit_gemm", SPEC, DEVICE, "0.0.1") != key
+    key = tuning_db.entry_key("implicit_gemm", SPEC, DEVICE)
+    assert key in fresh.entries() and tuning_db.entry_key("implicit_gemm", SPEC, DEVICE, "0.0.1") != key
 
 
 def test_database_export_and_import(tmp_path):
@@ -67,7 +67,7 @@ def test_database_writes_are_atomic(tmp_path, monkeypatch):
     def broken_dump(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tune.json, "dump", broken_dump)
+    monkeypatch.setattr(tuning_db.json, "dump", broken_dump)
     with pytest.raises(OSError):
         db.record("implicit_gemm", SPEC, DEVICE, {"stages": 4})
     assert (tmp_path / "tuning.json").read_text() == before
@@ -80,7 +80,7 @@ def test_corrupt_database_is_reported_never_breaks_a_build_and_is_set_aside_by_t
     path = tmp_path / "tuning.json"
     path.write_text("{ not json")
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(path))
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     with pytest.warns(UserWarning, match="unreadable"):
         kernel_plan = plan("implicit_gemm", SPEC)
     assert kernel_plan.tiles == get_family("implicit_gemm").default_tiles(SPEC)
@@ -94,12 +94,12 @@ def test_corrupt_database_is_reported_never_breaks_a_build_and_is_set_aside_by_t
 
 def test_build_uses_the_tuned_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
     tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned,
                            kernel=tune.kernel_fingerprint("implicit_gemm", SPEC, tuned))
     assert plan("implicit_gemm", SPEC).tiles.to_dict() == tuned
-    monkeypatch.setattr(tune, "current_device", lambda: ("another GPU", "sm_90"))
+    monkeypatch.setattr(tuning_db, "current_device", lambda: ("another GPU", "sm_90"))
     assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
 
 
@@ -108,8 +108,8 @@ def test_a_record_that_timed_other_kernel_code_is_not_used(tmp_path, monkeypatch
     """A template edit since the record (another fingerprint), or a record without one: the
     heuristic is used and the user is told once."""
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
-    monkeypatch.setattr(tune, "_WARNED_STALE", set())
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "_WARNED_STALE", set())
     tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
     tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned, **({"kernel": kernel} if kernel else {}))
     with pytest.warns(UserWarning, match="timed other kernel code"):
@@ -134,17 +134,17 @@ def test_kernel_fingerprint_ignores_comments_and_name_tags_and_sees_code(monkeyp
         return render_kernels
 
     monkeypatch.setattr(render, "render_kernels", edited(lambda code: "// reworded\n\n" + code.replace("//", "// now ")))
-    tune._fingerprint.cache_clear()
+    tuning_db._fingerprint.cache_clear()
     assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) == original
     name = get_family("implicit_gemm").plan(SPEC, get_family("implicit_gemm").complete_tiles(SPEC, tiles)).launches[0].kernel
     renamed = name[:-10] + "0123456789"     # another tag, as a new tile field at its default gives
     monkeypatch.setattr(render, "render_kernels", edited(lambda code: code.replace(name, renamed)))
-    tune._fingerprint.cache_clear()
+    tuning_db._fingerprint.cache_clear()
     assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) == original
     monkeypatch.setattr(render, "render_kernels", edited(lambda code: code.replace("fmaf(", "__fmaf_rn(", 1)))
-    tune._fingerprint.cache_clear()
+    tuning_db._fingerprint.cache_clear()
     assert tune.kernel_fingerprint("implicit_gemm", SPEC, tiles) != original
-    tune._fingerprint.cache_clear()
+    tuning_db._fingerprint.cache_clear()
 
 
 def _fake_space(size):
@@ -314,7 +314,7 @@ def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monk
     """A stale record is timed again against the heuristic and re-recorded with today's
     fingerprint (its tiles when they still win, the heuristic when they do not); a current record
     and another GPU's are left alone."""
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     db = tune.TuningDB(tmp_path / "tuning.json")
     heuristic = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
     winner = dict(heuristic, stages=2, precomp=False)
@@ -343,9 +343,9 @@ def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monk
     fresh = db.entries()
     assert db.lookup("implicit_gemm", SPEC, DEVICE) == winner
     assert db.lookup("implicit_gemm", other, DEVICE) == get_family("implicit_gemm").default_tiles(other).to_dict()
-    kept = fresh[tune.entry_key("implicit_gemm", SPEC, DEVICE)]
+    kept = fresh[tuning_db.entry_key("implicit_gemm", SPEC, DEVICE)]
     assert kept["ms"] == 0.5 and kept["heuristic_ms"] == 1.0 and (kept["tried"], kept["space"]) == (40, 900)
-    assert fresh[tune.entry_key("implicit_gemm", SPEC, ("another GPU", "sm_80"))]["kernel"] == "stale"
+    assert fresh[tuning_db.entry_key("implicit_gemm", SPEC, ("another GPU", "sm_80"))]["kernel"] == "stale"
     assert tune.refresh(db, evaluate_for, progress=False) == []
 
 
@@ -392,7 +392,7 @@ def test_tuning_under_a_limit_tries_only_what_fits_and_records_for_that_limit(tm
     it, and its record serves builds under the same limit only; a build without a limit keeps
     the heuristic."""
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     spec = _layer("conv9", "NHWC")
     limit = 150 << 20
     tried = []
@@ -416,7 +416,7 @@ def test_tuning_under_a_limit_tries_only_what_fits_and_records_for_that_limit(tm
 
 def test_a_build_under_a_limit_takes_its_record_then_the_unlimited_one_where_it_fits(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     spec = _layer("conv9", "NHWC")
     heuristic = get_family("im2win").default_tiles(spec).to_dict()
     unlimited = dict(heuristic, stages=2)
@@ -432,7 +432,7 @@ def test_a_build_under_a_limit_takes_its_record_then_the_unlimited_one_where_it_
 
 
 def test_refresh_re_times_a_limited_record_against_the_heuristic_under_its_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune, "current_device", lambda: DEVICE)
+    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
     db = tune.TuningDB(tmp_path / "tuning.json")
     spec = _layer("conv9", "NHWC")
     limit = 100 << 20
@@ -448,7 +448,7 @@ def test_refresh_re_times_a_limited_record_against_the_heuristic_under_its_limit
 
     tune.refresh(db, evaluate_for, progress=False)
     assert timed == [get_family("im2win").tiles_within(spec, limit).to_dict(), recorded]
-    entry = db.entries()[tune.entry_key("im2win", spec, DEVICE, workspace_limit=limit)]
+    entry = db.entries()[tuning_db.entry_key("im2win", spec, DEVICE, workspace_limit=limit)]
     assert entry["workspace_limit"] == limit and tune.is_current(entry)
 
 
