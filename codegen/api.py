@@ -230,7 +230,12 @@ def compile_plan(kernel_plan: KernelPlan, arch: str) -> Kernel:
     ptxas's report lacks a launched kernel: the spill checks would pass on nothing."""
     check_arch(kernel_plan, arch)
     source = render_kernels(kernel_plan)
-    compiled = compile_source(source.code, f"{kernel_plan.family}.cu", kernel_plan.compile_arch(arch))
+    try:
+        compiled = compile_source(source.code, f"{kernel_plan.family}.cu", kernel_plan.compile_arch(arch))
+    except CompileError as err:
+        raise CompileError(f"{kernel_plan.family} ({kernel_plan.variant}) for {kernel_plan.spec.describe()} with tiles "
+                           f"{kernel_plan.tiles.describe()}, {kernel_plan.compile_arch(arch)}: this is a convgen bug, "
+                           f"please report it with this message\n{err}") from None
     unreported = [launch.kernel for launch in kernel_plan.launches if launch.kernel not in compiled.resources]
     if unreported:
         raise CompileError(f"ptxas reported no registers or spills for {unreported[0]} (compile log: "
