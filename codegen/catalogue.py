@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.bench import BATCH, layer_spec, load_shapes
+from codegen.bench.layers import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source
 from codegen.files import write_if_changed
 from codegen.families import direct, get_family, implicit_gemm

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from codegen.version import __version__
-from codegen.bench_conv import FAMILIES as CONV_FAMILIES
+from codegen.bench import CONV_FAMILIES
 from codegen.spec import ConvSpec, SpecError
 
 EPILOG = """\
@@ -202,8 +202,8 @@ def _require_gpu(what: str) -> None:
 
 def cmd_run(args) -> int:
     _require_gpu("convgen run")
-    from codegen import bench
     from codegen.api import build
+    from codegen.bench.timing import time_kernel
     from codegen.fuzz import compare, run_on_gpu
 
     spec = spec_from_args(args)
@@ -212,7 +212,7 @@ def cmd_run(args) -> int:
     result, expected = run_on_gpu(args.family, spec, kernel=kernel)
     mismatch = compare(result, expected)
     print(f"check    {'PASS' if mismatch is None else 'FAIL: ' + str(mismatch)} (vs float64 numpy reference, NaN-poisoned output)")
-    median = bench.time_kernel(kernel)
+    median = time_kernel(kernel)
     print(f"time     {median * 1e3:.4f} ms median, {rate(kernel.plan, median)}")
     return 0 if mismatch is None else 1
 
@@ -276,7 +276,7 @@ def cmd_fuzz(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from codegen import bench
+    from codegen.bench.layers import benchmark_layers, select_layers
 
     if args.family != "conv":
         given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families)) if value), None)
@@ -285,26 +285,30 @@ def cmd_bench(args) -> int:
                        "package's shapes.json")
         _require_gpu("convgen bench")
     if args.family == "direct":
-        results = bench.bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers)
-        print(bench.format_direct_table(results))
+        from codegen.bench.direct import bench_direct, format_direct_table
+
+        results = bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers)
+        print(format_direct_table(results))
         return 0
     if args.family == "conv":
-        from codegen import bench_conv
+        from codegen.bench import conv
 
-        layers = bench.select_layers(bench.benchmark_layers(bench_conv.LAYER_GROUPS, args.shapes), args.layers)
+        layers = select_layers(benchmark_layers(conv.LAYER_GROUPS, args.shapes), args.layers)
         _require_gpu("convgen bench")
         layouts = tuple(args.layouts or ("NCHW", "NCDHW"))
         name = "-".join(["conv"] + ([Path(args.shapes).stem] if args.shapes else [])
                         + ([l.lower() for l in layouts] if layouts != ("NCHW", "NCDHW") else []))
-        results = bench_conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts, layers=layers,
-                                        families=tuple(args.families or CONV_FAMILIES),
-                                        ablation=not args.no_ablation, tuned=args.tuned, name=name,
-                                        source=Path(args.shapes).name if args.shapes else "shapes.json")
-        print(bench_conv.format_table(results))
+        results = conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts, layers=layers,
+                                  families=tuple(args.families or CONV_FAMILIES),
+                                  ablation=not args.no_ablation, tuned=args.tuned, name=name,
+                                  source=Path(args.shapes).name if args.shapes else "shapes.json")
+        print(conv.format_table(results))
         return 0
-    results = bench.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
-                                        out_dir=Path(args.out), repeats=args.repeats)
-    print(bench.format_table(results))
+    from codegen.bench import memory
+
+    results = memory.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
+                                         out_dir=Path(args.out), repeats=args.repeats)
+    print(memory.format_table(results))
     return 0
 
 
@@ -371,7 +375,7 @@ def tune_spec(args) -> ConvSpec:
         return spec_from_args(args)
     if args.spec:
         raise Fail("give --layer or --spec, not both")
-    from codegen.bench import benchmark_layers, layer_spec
+    from codegen.bench.layers import benchmark_layers, layer_spec
 
     layers = {l["name"]: l for l in benchmark_layers(("conv2d_mec", "conv3d", "filter2d"), args.shapes)}
     if args.layer not in layers:

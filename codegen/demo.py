@@ -64,7 +64,7 @@ def run(out_dir: Path) -> int:
         path = emit(family, spec, out_dir / f"{family}_{name}.cu", kernel.plan.tiles) if emitted else "(cuBLAS step)"
         check, timing = "-", "-"
         if gpu:
-            from codegen.bench import time_kernel
+            from codegen.bench.timing import time_kernel
             from codegen.fuzz import compare, run_on_gpu
 
             mismatch = compare(*run_on_gpu(family, spec, kernel=kernel))

@@ -5,11 +5,8 @@ string in the kernel; the same plan always renders byte-identical source.
 """
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import jinja2
@@ -19,45 +16,21 @@ from codegen.launch_limits import block_index
 from codegen.families.base import KernelPlan, format_bytes
 
 PACKAGE_TEMPLATES = Path(__file__).resolve().parent / "templates"
-TEMPLATE_DIR = PACKAGE_TEMPLATES
-"""Where templates are read from: the package's, or inside ``templates_from`` an edited copy."""
 
 
-@lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
+@cache
+def environment(directory: Path = PACKAGE_TEMPLATES) -> jinja2.Environment:
+    """The environment that reads templates from ``directory``, one per directory: each render
+    names its directory, so renders from different directories can run side by side (the tuner
+    builds its candidates in threads)."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=False,
         lstrip_blocks=False,
         autoescape=False,
     )
-
-
-def edited_templates(root: Path, name: str, edit: Callable[[str], str], template: str = "implicit_gemm.cu.j2") -> Path:
-    """A copy of the package's templates in ``root / name`` whose ``template`` reads ``edit(text)``,
-    for an A/B script's variant of a kernel (made once; a later call returns the copy)."""
-    target = Path(root) / name
-    if not target.exists():
-        shutil.copytree(PACKAGE_TEMPLATES, target)
-        path = target / template
-        path.write_text(edit(path.read_text()))
-    return target
-
-
-@contextmanager
-def templates_from(directory: Path) -> Iterator[None]:
-    """Render from ``directory`` (an ``edited_templates`` copy) inside the block, the package's
-    templates again after it."""
-    global TEMPLATE_DIR
-    TEMPLATE_DIR = Path(directory)
-    environment.cache_clear()
-    try:
-        yield
-    finally:
-        TEMPLATE_DIR = PACKAGE_TEMPLATES
-        environment.cache_clear()
 
 
 @dataclass(frozen=True)
@@ -97,11 +70,13 @@ def _tidy(code: str) -> str:
     return "\n".join(tidy).strip("\n") + "\n"
 
 
-def render(plan: KernelPlan, template: str = "kernel.cu.j2", **extra) -> str:
-    """Render ``template`` for ``plan``; ``extra`` adds context (the emitter's launcher names)."""
-    code = environment().get_template(template).render(**_context(plan), **extra)
+def render(plan: KernelPlan, template: str = "kernel.cu.j2", templates: Path = PACKAGE_TEMPLATES, **extra) -> str:
+    """Render ``template`` of the directory ``templates`` (the package's by default) for ``plan``;
+    ``extra`` adds context (the emitter's launcher names)."""
+    code = environment(Path(templates)).get_template(template).render(**_context(plan), **extra)
     return _tidy(code)
 
 
-def render_kernels(plan: KernelPlan) -> KernelSource:
-    return KernelSource(plan, render(plan))
+def render_kernels(plan: KernelPlan, templates: Path = PACKAGE_TEMPLATES) -> KernelSource:
+    """The kernels' source of ``plan``, from the templates in ``templates`` (the package's by default)."""
+    return KernelSource(plan, render(plan, templates=templates))

@@ -192,7 +192,7 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     """A batch evaluator: compile in parallel, prune on ptxas's report, check, then time."""
     import cupy
 
-    from codegen.bench import median_seconds
+    from codegen.bench.timing import median_seconds
     from codegen.compile import resolve_arch
     from codegen.families import get_family
 

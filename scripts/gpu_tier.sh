@@ -2,7 +2,11 @@
 # One device call: the GPU test tier, a compute-sanitizer pass, the demo, the emitted self-tests
 # and the benchmarks.  Logs are packed into $OUT/logs.tgz (or ./gpu-out), benchmark JSON and PNG
 # stay beside it, and a short summary is printed last.
-# Usage (repo root): bash scripts/gpu_tier.sh [quick|tests|bench|full]
+# When to use it: on a machine with a GPU, after a change to a template, a family or the compile
+# path, and before figures go into docs/perf.md.  Run it from the repository's root: it puts the
+# tree on PYTHONPATH itself, so a copy of the tree works without installing the package.
+# Example: OUT=gpu-out BENCHES="conv stress-tma" bash scripts/gpu_tier.sh quick
+# Usage (repo root): bash scripts/gpu_tier.sh [quick|tests|bench|full|--help]
 #   quick: 30 examples per property test, the benchmarks in $BENCHES only (default none);
 #   tests: 300 examples, no benchmarks; bench: sanitizer, demo, self-tests and benchmarks only;
 #   full: everything.  TESTS_K selects GPU tests (pytest -k); BENCHES lists the benchmarks to run
@@ -21,7 +25,7 @@
 #   jobs (it took 320 s alone: TEST_TIMEOUT=560 TESTS_K='register_switches and 2').
 set -u
 mode=${1:-full}
-case $mode in quick|tests|bench|full) ;; *) echo "gpu_tier.sh: mode '$mode' is not one of quick, tests, bench, full" >&2; exit 2 ;; esac
+case $mode in quick|tests|bench|full) ;; -h|--help) sed -n '2,/^set -u$/s/^# \{0,1\}//p' "$0"; exit 0 ;; *) echo "gpu_tier.sh: mode '$mode' is not one of quick, tests, bench, full" >&2; exit 2 ;; esac
 out=${OUT:-gpu-out}
 logs=${LOGS:-$(mktemp -d)}  # LOGS=$OUT/logs keeps partial logs when the call runs out of time
 mkdir -p "$out" "$logs"

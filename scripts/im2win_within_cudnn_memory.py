@@ -7,9 +7,17 @@ within ``im2win.WINDOW_BUDGET``.  For each layer and layout this script measures
 memory (as ``bench conv`` does), takes the largest divisor of N whose window tensor fits under it
 (larger than the heuristic's chunk where cuDNN's workspace is large), and times im2win at that
 chunk against the heuristic's chunk and cuDNN, interleaved, after checking each against cuDNN on
-a NaN-poisoned output.  Where not even one image's tensor fits, it says so.
+a NaN-poisoned output.  Where not even one image's tensor fits, it says so.  Prints a table and
+writes im2win-within-cudnn-memory.json under --out.
 
-    PYTHONPATH=$PWD python3 scripts/im2win_within_cudnn_memory.py [--layouts NCHW NHWC ...] [--out DIR] [LAYER ...]
+When to use it: after a change to im2win's window tensor or to its batch-chunk heuristic, to see
+on which layers im2win can meet cuDNN's memory and at what speed (``convgen bench conv`` shows the
+same in its "(<=cuDNN MiB)" column, for the chunk ``tiles_within`` picks).
+
+Needs a CUDA GPU, PyTorch (for cuDNN) and the convgen package installed; runs from any folder.
+
+example:
+  python scripts/im2win_within_cudnn_memory.py --layouts NCHW NHWC --rounds 5 conv4 conv8
 """
 import argparse
 import json
@@ -19,11 +27,15 @@ from pathlib import Path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layers", nargs="*")
-    parser.add_argument("--layouts", nargs="+", default=["NCHW", "NCDHW", "NHWC", "NDHWC"])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layers", nargs="*", metavar="LAYER",
+                        help="layers among shapes.json's twelve 2D and four 3D ones (default: all)")
+    parser.add_argument("--layouts", nargs="+", default=["NCHW", "NCDHW", "NHWC", "NDHWC"],
+                        help="layouts to run, each on the layers of its dimensions (default: all four)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved timing rounds; each kernel reports the median of its rounds (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for im2win-within-cudnn-memory.json (default bench-out)")
     args = parser.parse_args()
 
     import cupy
@@ -31,8 +43,10 @@ def main() -> int:
 
     from codegen import index
     from codegen.api import build
-    from codegen.bench import CudnnCase, interleaved_medians, layer_spec, load_shapes, select_layers
-    from codegen.bench_conv import _cudnn_extra_bytes, extra_bytes
+    from codegen.bench.conv import extra_bytes
+    from codegen.bench.cudnn import CudnnCase, cudnn_extra_bytes
+    from codegen.bench.layers import layer_spec, load_shapes, select_layers
+    from codegen.bench.timing import interleaved_medians
     from codegen.families import im2win
     from codegen.families.gemm import flops as gemm_flops
     from codegen.spec import replace
@@ -44,7 +58,7 @@ def main() -> int:
         for layout in [l for l in args.layouts if len(l) - 2 == dims]:
             spec = layer_spec(layer, layout, layer["N"])
             case = CudnnCase(spec)
-            cudnn_bytes = _cudnn_extra_bytes(case.run_cudnn, case.y.nbytes)
+            cudnn_bytes = cudnn_extra_bytes(case.run_cudnn, case.y.nbytes)
             per_image = math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
             heuristic = im2win.FAMILY.default_tiles(spec)
             fitting = [d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= cudnn_bytes]

@@ -1,5 +1,15 @@
-"""Measure the compile cache: cold NVRTC compile per kernel, a disk hit in a new process, and a
-memory hit in the same process.  Needs no GPU.  Usage: python scripts/measure_cache.py"""
+"""Measure the compile cache: the cold NVRTC compile of each demo kernel, a disk hit in a new
+process, and a memory hit in the same process.
+
+When to use it: after a change to the compile cache (its key, its entries, their checks), or to
+see what the cache saves a user.  The kernels are those of ``convgen demo``, compiled for sm_90
+into a temporary folder, so the user's cache is left alone.  Prints one line per kernel.
+
+Needs no GPU, only the convgen package installed; runs from any folder.
+
+example:
+  python scripts/measure_cache.py
+"""
 import argparse
 import statistics
 import subprocess
@@ -25,7 +35,7 @@ print(kernel.source_hit, time.perf_counter() - start)
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family, name, spec, tiles in cases():

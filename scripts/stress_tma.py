@@ -1,17 +1,24 @@
-"""Race stress for the TMA kernels (docs/perf.md, GEMM v17 and v18), on the GPU.
+"""Race stress for the TMA kernels on the GPU: each launched again and again on the benchmark
+layers, every launch checked against cuDNN fp32.
 
-A stage-release race shows up as a few output tiles wrong in some runs and in different places
-each time (v17): the property tests' small specs and single launches rarely meet it, the
-benchmark layers did.  So every TMA kernel of the package is launched again and again on the
-benchmark layers, each time on a NaN-poisoned output, and checked against cuDNN fp32 computed
-once in the same process: the implicit GEMM on every layer it takes, in both layouts (channels-
+When to use it: after a change to a TMA kernel (the implicit GEMM's sm_90 kernel, the direct
+family's tiled_tma) or to the barriers of its pipeline, before trusting its timings; gpu_tier.sh
+runs it as its stress-tma step.  A stage-release race shows up as a few output tiles wrong in some
+runs and in different places each time (docs/perf.md, GEMM v17 and v18): the property tests' small
+specs and single launches rarely meet it, the benchmark layers did.
+
+What it runs: the implicit GEMM on every layer its TMA kernel takes, in both layouts (channels-
 first: A gathered by the producer warps), with 16x8 and 8x8 micro-tiles; the direct family's
-tiled_tma on the single-channel filters.  An element counts as wrong when it is NaN or off by
-more than 1 % of the mean output magnitude (as in ``ab_stage_release.py``); fp32 rounding stays
-four orders of magnitude below that.  Kernels compile first in parallel processes into the disk
-cache.  Exits 1 if any run had a wrong element.
+tiled_tma on the single-channel filters.  Every launch writes a NaN-poisoned output, checked
+against cuDNN fp32 computed once in the same process; an element counts as wrong when it is NaN or
+off by more than 1 % of the mean output magnitude, four orders of magnitude above fp32 rounding.
+Kernels compile first in parallel processes into the disk cache.  Prints a table, writes
+stress-tma.json under --out, and exits 1 if any run had a wrong element.
 
-    PYTHONPATH=$PWD python3 scripts/stress_tma.py [--shapes F] [--runs N] [--jobs N] [--out DIR] [LAYER ...]
+Needs a CUDA GPU, PyTorch (for cuDNN) and the convgen package installed; runs from any folder.
+
+example:
+  python scripts/stress_tma.py --runs 20 conv8 c3d_conv2
 """
 import argparse
 import json
@@ -25,7 +32,8 @@ from pathlib import Path
 def cases(layer_names, shapes_file: Path | None = None) -> list[tuple[str, str, dict, object]]:
     """(layer, micro-tile label, tiles, spec) of every TMA kernel to stress, on the benchmark layers
     or on those of ``shapes_file``."""
-    from codegen.bench import benchmark_layers, layer_spec, load_shapes, select_layers, tiles_for
+    from codegen.bench.direct import tiles_for
+    from codegen.bench.layers import benchmark_layers, layer_spec, load_shapes, select_layers
     from codegen.families import implicit_gemm
     from codegen.spec import SpecError
 
@@ -60,17 +68,18 @@ def compile_one(case) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("layers", nargs="*", help="layers of shapes.json or of --shapes (default: all, and the "
                         "filters where no --shapes is given)")
     parser.add_argument("--shapes", type=Path, help="a shapes file of the package's form (default: shapes.json)")
-    parser.add_argument("--runs", type=int, default=10, help="checked launches per kernel")
-    parser.add_argument("--jobs", type=int, default=12, help="compiling processes")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--runs", type=int, default=10, help="checked launches per kernel (default 10)")
+    parser.add_argument("--jobs", type=int, default=12, help="compiling processes (default 12)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for stress-tma.json (default bench-out)")
     args = parser.parse_args()
 
     from codegen.api import build
-    from codegen.bench import CudnnCase
+    from codegen.bench.cudnn import CudnnCase
 
     todo = cases(args.layers, args.shapes)
     start = time.perf_counter()

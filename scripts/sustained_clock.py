@@ -1,15 +1,25 @@
-"""How the compute-bound kernels fare under sustained load (docs/perf.md, GEMM v26).
+"""How the compute-bound kernels fare under sustained load: TFLOP/s and SM clock after seconds of
+back-to-back launches, next to the short bursts that ``convgen bench conv`` times.
 
-`convgen bench conv` times each kernel in short bursts (10 calls, each behind a sync), during
-which the H100 keeps its 1980 MHz clock.  Run back to back for seconds, the kernels near 50
-TFLOP/s draw the card's whole 700 W power limit and the clock falls.  For each kernel this script
-idles the GPU (so each starts from the same state), then launches it back to back for
-``--seconds``, timing each ``--batch`` of launches with CUDA events while ``codegen.clocks``
-samples the SM clock and power cap; it reports the first batch's TFLOP/s and the median of the
-last third of the batches, each with the clock it ran at.  cuDNN fp32 runs the same way on the
-first layout of each layer, as the peer.
+When to use it: to tell a kernel's speed from the card's power state, before comparing figures
+near 50 TFLOP/s across runs or cards (docs/perf.md, GEMM v26).  ``convgen bench conv`` times each
+kernel in short bursts (10 calls, each behind a sync), during which the H100 keeps its 1980 MHz
+clock.  Run back to back for seconds, the kernels near 50 TFLOP/s draw the card's whole 700 W
+power limit and the clock falls.
 
-    PYTHONPATH=$PWD python3 scripts/sustained_clock.py [--seconds S] [--idle S] [--out DIR]
+What it runs: for each kernel of ``KERNELS`` (the implicit GEMM, heuristic and TMA, on conv4, conv8
+and c3d_conv2) this script idles the GPU (so each starts from the same state), then launches it
+back to back for ``--seconds``, timing each ``--batch`` of launches with CUDA events while
+``codegen.bench.clocks`` samples the SM clock and power cap; it reports the first batch's TFLOP/s
+and the median of the last third of the batches, each with the clock it ran at.  cuDNN fp32 runs
+the same way on the first layout of each layer, as the peer.  Prints a table and writes
+sustained-clock.json under --out.
+
+Needs a CUDA GPU, PyTorch (for cuDNN), nvidia-smi (for the clock) and the convgen package
+installed; runs from any folder.
+
+example:
+  python scripts/sustained_clock.py --seconds 20 --idle 10 --out bench-out
 """
 import argparse
 import json
@@ -61,16 +71,18 @@ def summary(batches: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=12.0, help="back-to-back launching per kernel (default 12)")
     parser.add_argument("--idle", type=float, default=8.0, help="idle seconds before each kernel (default 8)")
     parser.add_argument("--batch", type=int, default=20, help="launches per timed batch (default 20)")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for sustained-clock.json (default bench-out)")
     args = parser.parse_args()
 
     from codegen.api import build
-    from codegen.bench import CudnnCase, layer_spec, load_shapes, select_layers
-    from codegen.clocks import describe, sampler_for_current_device
+    from codegen.bench.clocks import describe, sampler_for_current_device
+    from codegen.bench.cudnn import CudnnCase
+    from codegen.bench.layers import layer_spec, load_shapes, select_layers
     from codegen.families.gemm import flops as gemm_flops
 
     shapes = load_shapes()

@@ -333,7 +333,7 @@ def test_tune_layer_takes_the_other_spec_flags_as_overrides(tmp_path):
 
 
 def test_bench_layers_are_checked_before_any_gpu_work():
-    from codegen.bench import load_shapes, select_layers
+    from codegen.bench.layers import load_shapes, select_layers
     from codegen.spec import SpecError
 
     shapes = load_shapes()["filter2d"]
@@ -376,7 +376,7 @@ def test_shapes_files_give_every_layer_with_its_geometry_per_dimension(tmp_path)
     what --layers selects from, and they become the specs the benchmark runs."""
     from pathlib import Path
 
-    from codegen.bench import benchmark_layers, layer_spec, load_shapes, read_shapes_file, select_layers
+    from codegen.bench.layers import benchmark_layers, layer_spec, load_shapes, read_shapes_file, select_layers
 
     root = Path(__file__).resolve().parent.parent
     package = load_shapes()
@@ -412,17 +412,26 @@ def test_shapes_and_families_are_refused_where_they_do_not_apply(argv, words, ca
 
 
 def test_bench_conv_families_flag_offers_every_family_the_benchmark_runs():
-    from codegen.bench_conv import FAMILIES
-    from codegen.cli import CONV_FAMILIES
+    """--families offers the families bench conv runs by default, each one the generator's, and the
+    command line has the list without loading the benchmarks themselves."""
+    import inspect
 
-    assert CONV_FAMILIES == FAMILIES
+    from codegen.bench import CONV_FAMILIES, conv
+    from codegen.families import FAMILIES
+
+    assert inspect.signature(conv.bench_conv).parameters["families"].default == CONV_FAMILIES
+    assert set(CONV_FAMILIES) <= set(FAMILIES)
+    loaded = subprocess.run([sys.executable, "-c", "import sys, codegen.cli; "
+                             "print(sorted(m for m in sys.modules if m.startswith('codegen.bench')))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.split() == ["['codegen.bench']"]
 
 
 def test_bench_conv_table_counts_where_each_family_meets_cudnn():
     """One line per family as build() runs it (the heuristic row, direct's fastest variant): how
     often at least cuDNN's speed, the geometric mean ratio, the slowest layer; TMA, tuned and
     ablation rows do not count; long layer names keep the columns aligned."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     def row(layer, family, variant, ratio, ablation=None):
         return {"family": family, "variant": variant, "layer": layer, "layout": "NCHW", "ablation": ablation,
@@ -445,7 +454,7 @@ def test_bench_conv_summary_counts_the_kernel_build_runs_on_this_gpu():
     """Where build() without tiles takes the implicit GEMM's TMA kernel (channels-last on sm_90),
     the family's line counts that row, not the portable kernel's, and its cell is starred and
     explained; results saved before rows said so still count the first column."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     def row(layer, variant, tflops, built):
         return {"family": "implicit_gemm", "variant": variant, "layer": layer, "layout": "NHWC", "ablation": None,
@@ -469,7 +478,7 @@ def test_bench_conv_table_takes_im2win_rows_that_already_fit_cudnns_memory():
     """Where im2win's heuristic already fits cuDNN's extra memory (cuDNN's FFT layers), the
     'within cuDNN' row repeats the heuristic's timing; it is not build()'s choice and must not
     break the summary (it raised KeyError: 'build_choice' on the H100's full run)."""
-    from codegen.bench_conv import WITHIN_CUDNN, format_table
+    from codegen.bench.conv import WITHIN_CUDNN, format_table
 
     def row(variant, **extra):
         return {"family": "im2win", "variant": variant, "layer": "conv5", "layout": "NCHW", "ablation": None,
@@ -485,7 +494,7 @@ def test_bench_conv_table_takes_im2win_rows_that_already_fit_cudnns_memory():
 def test_bench_conv_table_names_every_column_in_full():
     """The TMA and tuned columns follow their family's and say so; no family name is cut to fit;
     a layer without a TMA row (channels-first) shows a dash there."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     def row(family, variant, tflops, layout="NHWC"):
         return {"family": family, "variant": variant, "layer": "conv8", "layout": layout, "ablation": None,
@@ -504,7 +513,7 @@ def test_bench_conv_table_names_every_column_in_full():
 def test_bench_conv_table_shows_the_clock_each_layer_ran_at():
     """With clock samples the TFLOP/s table gains the layer's median SM clock and power-cap share,
     explained under the table; the memory table keeps its columns."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     clock = {"sm_mhz_median": 1935.0, "power_capped_share": 0.6}
     row = {"family": "implicit_gemm", "variant": "heuristic", "layer": "conv4", "layout": "NCHW", "ablation": None,
@@ -521,7 +530,7 @@ def test_bench_conv_table_shows_the_clock_each_layer_ran_at():
 def test_cudnns_algorithm_is_named_by_its_kernels():
     """FFT and Winograd kernels say so in their names; any other traced kernel sums the taps as a
     GEMM; nothing traced is unknown, never guessed."""
-    from codegen.bench import cudnn_algorithm
+    from codegen.bench.cudnn import cudnn_algorithm
 
     assert cudnn_algorithm(["fft2d_r2c_16x16", "sm80_xmma_gemm_f32f32", "fft2d_c2r_16x16"]) == "FFT"
     assert cudnn_algorithm(["void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>"]) == "Winograd"
@@ -533,7 +542,7 @@ def test_cudnns_algorithm_is_named_by_its_kernels():
 def test_bench_conv_table_says_which_algorithm_cudnn_ran_and_counts_the_gemm_layers():
     """An ``alg`` column after cuDNN's figure (explained under the table), and each family's line
     also counts the layers the issue's speed target covers: those where cuDNN ran a GEMM."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     def row(layer, ratio, algorithm):
         return {"family": "implicit_gemm", "variant": "heuristic", "layer": layer, "layout": "NCHW",
@@ -588,9 +597,9 @@ def test_tune_records_its_winner_and_exits_1_when_a_candidate_did_not_compile(tm
 
 
 def test_interleaved_medians_take_turns_and_keep_each_runs_median(monkeypatch):
-    """The A/B scripts' timing: every round times each variant once, in order, and each variant
+    """Interleaved A/B timing: every round times each variant once, in order, and each variant
     gets the median of its own rounds (a drift that slows round 2 for all does not pick a winner)."""
-    from codegen import bench
+    from codegen.bench import timing
 
     calls = []
     seconds = {"a": iter([1.0, 9.0, 2.0]), "b": iter([3.0, 8.0, 4.0])}
@@ -599,8 +608,8 @@ def test_interleaved_medians_take_turns_and_keep_each_runs_median(monkeypatch):
         calls.append(run())
         return next(seconds[calls[-1]])
 
-    monkeypatch.setattr(bench, "median_seconds", fake_median)
-    times = bench.interleaved_medians({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
+    monkeypatch.setattr(timing, "median_seconds", fake_median)
+    times = timing.interleaved_medians({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
     assert calls == ["a", "b"] * 3
     assert times == {"a": 2.0, "b": 4.0}
 
@@ -624,27 +633,32 @@ def test_tma_stress_covers_every_tma_kernel_of_the_benchmark_layers():
     assert {name for name, _, _, _ in stress.cases(["conv4"])} == {"conv4"}
 
 
-def test_every_script_answers_help_without_a_gpu():
-    """Each script under scripts/ parses --help and prints its usage on a machine without a GPU:
-    one that no longer imports, or runs on whatever arguments it is given, would otherwise be
-    found out only in a device call.  ab_harness.py is the module the A/B scripts share."""
+def test_every_script_teaches_its_use_from_any_folder_without_a_gpu(tmp_path):
+    """Each script under scripts/ answers --help with what it does, when to use it and an example,
+    run as a user runs it: from a folder outside the repository, with the installed package and no
+    PYTHONPATH, on a machine without a GPU.  One that no longer imports, imports from the tree
+    only, or runs on whatever arguments it is given would otherwise be found out only in a device
+    call."""
     import os
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    scripts = sorted(p for p in (root / "scripts").glob("*.py") if p.name != "ab_harness.py")
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    scripts = sorted([*(root / "scripts").glob("*.py"), *(root / "scripts").glob("*.sh")])
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
     def usage(path):
-        return subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, env=env,
+        command = ["bash", str(path)] if path.suffix == ".sh" else [sys.executable, str(path)]
+        return subprocess.run([*command, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path,
                               timeout=120)
 
     with ThreadPoolExecutor(4) as pool:
         results = dict(zip(scripts, pool.map(usage, scripts)))
-    assert len(scripts) >= 15
+    assert {path.suffix for path in scripts} == {".py", ".sh"} and len(scripts) >= 6
     for path, result in results.items():
-        assert result.returncode == 0 and result.stdout.startswith("usage:"), (path.name, result.stderr[-500:])
+        assert result.returncode == 0, (path.name, result.stderr[-500:])
+        assert "When to use it:" in result.stdout and "xample" in result.stdout, path.name
+        assert path.suffix != ".py" or result.stdout.startswith("usage:"), path.name
 
 
 def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs(capsys):
@@ -686,7 +700,7 @@ def test_bench_conv_table_says_where_im2win_meets_cudnns_memory():
     """The im2win column held to cuDNN's extra memory: the heuristic's own figure where it fits,
     the held kernel's where a smaller chunk does, what one image needs where nothing does, and a
     summary line that counts them."""
-    from codegen.bench_conv import format_table
+    from codegen.bench.conv import format_table
 
     def row(layer, variant, tflops, extra, **more):
         return {"family": "im2win", "variant": variant, "layer": layer, "layout": "NHWC", "ablation": None,

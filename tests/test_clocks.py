@@ -1,4 +1,4 @@
-"""The clock sampler (codegen/clocks.py) without a GPU: parsing nvidia-smi's lines, windows of
+"""The clock sampler (codegen/bench/clocks.py) without a GPU: parsing nvidia-smi's lines, windows of
 samples, and the subprocess path end to end through a stand-in nvidia-smi."""
 import os
 import stat
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from codegen import clocks
+from codegen.bench import clocks
 
 CAPPED = "1905, 1980, 699.37, 700.00, 73, Active, Not Active, Not Active"
 FREE = "1980, 1980, 142.12, 700.00, 59, Not Active, Not Active, Not Active"
@@ -64,17 +64,15 @@ def test_without_nvidia_smi_nothing_is_sampled(monkeypatch):
 
 
 def test_rows_measured_inside_a_clocked_block_get_its_window():
-    from codegen.bench import clocked
-
     sampler = clocks.ClockSampler("0000:41:00.0")
     sampler._process = object()   # active, without a subprocess: samples are planted below
     results = [{"layer": "before"}]
-    with clocked(results, sampler):
+    with clocks.clocked(results, sampler):
         sampler.samples.append(clocks.parse_line(CAPPED, time.monotonic()))
         results.append({"layer": "inside"})
     assert "clock" not in results[0]
     assert results[1]["clock"]["sm_mhz_median"] == 1905 and results[1]["clock"]["power_capped_share"] == 1.0
     idle = clocks.ClockSampler("0000:41:00.0")
-    with clocked(results, idle):
+    with clocks.clocked(results, idle):
         results.append({"layer": "unsampled"})
     assert results[2]["clock"] is None

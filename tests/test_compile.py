@@ -257,7 +257,7 @@ def _benchmark_layer_gemm_kernels() -> list:
     """The catalogue's GEMM-family entries, and the TMA kernel that ``tma=True`` gives on the
     channels-first benchmark layers whose gathered file the catalogue does not ship (a user may
     still ask for it)."""
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench.layers import layer_spec, load_shapes
     from codegen.families import implicit_gemm
 
     found = [e for e in catalogue.entries() if e.family in ("implicit_gemm", "im2win")]
@@ -383,7 +383,7 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
     kernel's workspace would pass cuDNN's extra memory there; v17).  Stream-K for the 8x8 kernels whose last round is not full (v16), and for the
     16x8 kernel only on conv4 (2 % idle, a tail of 7 % of the tiles), in a launch of its own.
     build() and emit pass their target through."""
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench.layers import layer_spec, load_shapes
     from codegen.emit import emit_source
 
     layers = {l["name"]: l for group in ("conv2d_mec", "conv3d") for l in load_shapes()[group]}
@@ -478,7 +478,7 @@ def test_wide_tiles_where_split_k_would_run_and_their_last_wave_is_full():
     channels-last data the TMA kernel comes first, as build() takes it on sm_90."""
     from pathlib import Path
 
-    from codegen.bench import benchmark_layers, layer_spec, read_shapes_file
+    from codegen.bench.layers import benchmark_layers, layer_spec, read_shapes_file
     from codegen.families import get_family
 
     docs = Path(__file__).parent.parent / "docs" / "shapes"
@@ -506,7 +506,7 @@ def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
     and above that it took before it still takes."""
     from pathlib import Path
 
-    from codegen.bench import layer_spec, read_shapes_file
+    from codegen.bench.layers import layer_spec, read_shapes_file
     from codegen.families import get_family
 
     docs = Path(__file__).parent.parent / "docs" / "shapes"
@@ -537,7 +537,7 @@ def test_tma_rule_takes_one_full_round_of_tiles_where_k_is_long():
     conv12 and unet3d_down (halved; 0.78x and 0.62x in GEMM v14-v16)."""
     from pathlib import Path
 
-    from codegen.bench import benchmark_layers, layer_spec, read_shapes_file
+    from codegen.bench.layers import benchmark_layers, layer_spec, read_shapes_file
     from codegen.families import get_family
 
     docs = Path(__file__).parent.parent / "docs" / "shapes"
@@ -631,7 +631,7 @@ def test_benchmark_layers_need_less_extra_memory_than_im2col_gemm():
     """Issue 4's memory target, exact from the heuristic plans: im2win (its window tensor, one batch
     chunk at a time) and implicit GEMM (its row table; the TMA kernel its transposed filter) need
     less than im2col + GEMM's column matrix on every benchmark layer and layout."""
-    from codegen.bench_conv import extra_bytes
+    from codegen.bench.conv import extra_bytes
     from codegen.families import get_family
 
     def needs(family, spec):

@@ -614,7 +614,7 @@ def json_key(tiles):
 def test_cudnns_algorithm_is_read_from_the_kernels_it_launches():
     """bench conv labels each layer with cuDNN's algorithm from the profiler's kernel names: a
     traced call names at least one kernel (copies and memsets left out), so the label is known."""
-    from codegen.bench import CudnnCase, cudnn_algorithm, launched_kernels
+    from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, launched_kernels
 
     spec = ConvSpec(dims=2, layout="NCHW", n=8, c=32, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
     names = launched_kernels(CudnnCase(spec).run_cudnn)
@@ -627,14 +627,14 @@ def test_bench_conv_layer_rows_print_as_a_table(monkeypatch):
     and the table prints.  cuDNN's extra memory is taken as 1 GiB, so im2win's heuristic fits it
     and the 'within cuDNN' row repeats it: the row whose missing key crashed the summary of every
     full run from v29 to v34 after all the timing was done."""
-    from codegen import bench_conv
+    from codegen.bench import conv
 
-    monkeypatch.setattr(bench_conv, "_cudnn_extra_bytes", lambda run, output_bytes: 1 << 30)
+    monkeypatch.setattr(conv, "cudnn_extra_bytes", lambda run, output_bytes: 1 << 30)
     spec = ConvSpec(dims=2, layout="NCHW", n=4, c=16, k=32, input_size=(20, 20), filter_size=(3, 3), padding=1)
-    rows = bench_conv.bench_layer(spec, "small", repeats=2, ablation=False)
-    within = [r for r in rows if r["variant"] == bench_conv.WITHIN_CUDNN]
+    rows = conv.bench_layer(spec, "small", repeats=2, ablation=False)
+    within = [r for r in rows if r["variant"] == conv.WITHIN_CUDNN]
     assert len(within) == 1 and within[0].get("same_as_heuristic") and "ms" in within[0]
     assert all("build_choice" in r for r in rows), [r["variant"] for r in rows if "build_choice" not in r]
-    lines = bench_conv.format_table(rows).splitlines()
+    lines = conv.format_table(rows).splitlines()
     assert any(line.startswith("im2win: at least cuDNN's speed on") for line in lines)
     assert any("im2win at or below cuDNN's extra memory on 1 of 1 layers" in line for line in lines)

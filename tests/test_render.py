@@ -77,27 +77,45 @@ def test_gemm_copy_switch_changes_the_kernel(family):
     assert "cp.async" in copied and "staged_a" not in copied
 
 
-def test_an_edited_template_copy_renders_inside_its_block_only(tmp_path):
-    """The A/B scripts' variants: a copy of the templates with one edited renders inside
-    ``templates_from`` and nowhere else, also when the block raises; the copy is made once."""
-    from codegen import render as rendering
+def test_two_template_directories_render_side_by_side(tmp_path):
+    """A copy of the package's templates with im2col's edited renders while the package's templates
+    render in another thread, each from its own directory.  The copy's render is held at its start,
+    before it loads im2col's template, until the other has finished: one template directory for the
+    whole module, swapped for a render from another (as render.py once had for the A/B scripts), or
+    one environment whose loader is swapped, would hand one of them the other's templates."""
+    import shutil
+    import threading
 
+    from codegen.render import PACKAGE_TEMPLATES
+
+    copy = tmp_path / "templates"
+    shutil.copytree(PACKAGE_TEMPLATES, copy)
+    (copy / "kernel.cu.j2").write_text("{{- hold() -}}\n" + (copy / "kernel.cu.j2").read_text())
+    edited = copy / "im2col.cu.j2"
+    edited.write_text(edited.read_text().replace('extern "C" __global__', '// EDITED\nextern "C" __global__'))
     kernel_plan = plan("im2col", SPEC)
     package = render_kernels(kernel_plan).code
-    edits = []
+    midway, finished = threading.Event(), threading.Event()
+    results = {}
 
-    def mark(text):
-        edits.append(text)
-        return text.replace('extern "C" __global__', '// EDITED\nextern "C" __global__')
+    def hold():
+        midway.set()
+        assert finished.wait(timeout=60), "the package's render did not finish"
+        return ""
 
-    copy = rendering.edited_templates(tmp_path, "marked", mark, "im2col.cu.j2")
-    assert rendering.edited_templates(tmp_path, "marked", mark, "im2col.cu.j2") == copy and len(edits) == 1
-    with rendering.templates_from(copy):
-        assert "// EDITED" in render_kernels(kernel_plan).code
-    assert render_kernels(kernel_plan).code == package
-    with pytest.raises(RuntimeError), rendering.templates_from(copy):
-        raise RuntimeError
-    assert render_kernels(kernel_plan).code == package
+    def from_package():
+        try:
+            if midway.wait(timeout=60):
+                results["package"] = render_kernels(kernel_plan).code
+        finally:
+            finished.set()
+
+    other = threading.Thread(target=from_package)
+    other.start()
+    results["copy"] = render(kernel_plan, templates=copy, hold=hold)
+    other.join(timeout=60)
+    assert results["package"] == package
+    assert "// EDITED" in results["copy"] and results["copy"].replace("// EDITED\n", "") == package
 
 
 @pytest.mark.parametrize("block_m, thread_m, uniform", [(128, 8, True), (64, 4, False)])

@@ -209,7 +209,7 @@ def test_gemm_seeds_are_wide_micro_tiles_inside_the_space(family, layer, inside)
     """conv4 has 64 output channels: the 128-wide seeds lie outside its space (search drops them).
     The implicit GEMM also seeds its TMA kernel's heuristic tiles (A gathered on these
     channels-first layers), which lie in its space."""
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench.layers import layer_spec, load_shapes
 
     shape = next(l for group in load_shapes().values() if isinstance(group, list) for l in group
                  if isinstance(l, dict) and l.get("name") == layer)
@@ -228,7 +228,7 @@ def test_gemm_seeds_are_wide_micro_tiles_inside_the_space(family, layer, inside)
 def test_channels_last_space_holds_both_tma_micro_tiles_and_the_tma_seed():
     """The tuner can reach the 8x8 and the 16x8 TMA kernels (with the 512-pixel, two-box tiles),
     and the TMA heuristic it seeds with lies in the space."""
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench.layers import layer_spec, load_shapes
 
     shape = next(l for l in load_shapes()["conv2d_mec"] if l["name"] == "conv8")
     spec = layer_spec(shape, "NHWC", shape["N"])
@@ -243,7 +243,7 @@ def test_the_tuner_compiles_a_register_split_candidate_for_sm_90a_as_build_does(
     """A TMA candidate whose producer hands its registers over (``setmaxnreg``, an sm_90a
     instruction) is compiled for sm_90a: the tuner once compiled candidates for plain sm_90 by its
     own path, and ptxas refused them, ending the whole tuning run (r50_l2_3x3 on the H100)."""
-    from codegen.bench import layer_spec, load_shapes
+    from codegen.bench.layers import layer_spec, load_shapes
     from codegen.families.gemm import tma_register_split
 
     shape = next(l for l in load_shapes()["conv2d_mec"] if l["name"] == "conv8")
@@ -351,7 +351,7 @@ def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monk
 
 # -- tuning under a workspace limit ------------------------------------------------------------
 def _layer(name: str, layout: str) -> ConvSpec:
-    from codegen.bench import layer_spec, load_shapes, select_layers
+    from codegen.bench.layers import layer_spec, load_shapes, select_layers
 
     found = select_layers(load_shapes()["conv2d_mec"] + load_shapes()["conv3d"], [name])[0]
     return layer_spec(found, layout, found["N"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from codegen.api import plan
-from codegen.bench import layer_spec, load_shapes, select_layers
+from codegen.bench.layers import layer_spec, load_shapes, select_layers
 from codegen.cli import main, parse_size
 from codegen.families.im2win import window_tensor_reference
 from codegen.spec import ConvSpec, SpecError, replace

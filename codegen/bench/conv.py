@@ -9,12 +9,12 @@ events (warm-up, median of repeats) in rounds that take each in turn (the median
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
 peak of PyTorch's allocator during the call minus the output.  cuDNN's algorithm is read from
-the names of the kernels it launches (``bench.launched_kernels``), so the table says which layers
+the names of the kernels it launches (``cudnn.launched_kernels``), so the table says which layers
 the issue's speed target covers (those where cuDNN sums the taps as a GEMM, neither FFT nor
 Winograd) from this run instead of from an earlier one.  im2win runs again held to cuDNN's
 extra memory on the layer (``workspace_limit``: a smaller batch chunk), so the table shows where
 that target is reachable and what it costs.  The ablation reruns im2win with one optimisation
-removed at a time.  While each layer is timed, ``codegen.clocks`` samples the
+removed at a time.  While each layer is timed, ``codegen.bench.clocks`` samples the
 SM clock and the power cap: on the compute-bound layers the card runs at its power limit, and a
 figure is only comparable with the clock it ran at.
 """
@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.bench import (CudnnCase, benchmark_layers, cudnn_algorithm, launched_kernels, layer_spec, median_seconds,
-                           tiles_for)
-from codegen.clocks import ClockSampler, describe, sampler_for_current_device
+from codegen.bench import CONV_FAMILIES
+from codegen.bench.clocks import ClockSampler, describe, sampler_for_current_device
+from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, cudnn_extra_bytes, launched_kernels
+from codegen.bench.direct import tiles_for
+from codegen.bench.layers import benchmark_layers, layer_spec
+from codegen.bench.timing import median_seconds
 from codegen.spec import ConvSpec
 
-FAMILIES = ("implicit_gemm", "im2win", "im2col_gemm", "direct")
 DIRECT_CANDIDATES = ("tiled_tma", "tiled_register", "tiled_halo", "basic")
 FP32_PEAK_TFLOPS = 67.0
 """H100 SXM fp32 FMA datasheet peak; the target is 75% of it (50 TFLOP/s)."""
@@ -50,26 +52,13 @@ def extra_bytes(plan) -> int:
     return plan.workspace_bytes + len(table) * 4 * plan.context.get("table_slots", 1)
 
 
-def _cudnn_extra_bytes(run, output_bytes: int) -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    result = run()
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - before - output_bytes
-    del result
-    return max(0, extra)
-
-
 ROUNDS = 3
 """Timing rounds per layer: cuDNN and every kernel are timed once per round, in turn, and each
 reports the median of its rounds, so a drift of the clock (or of cuDNN's own time) while a layer
 is measured weighs on all of them alike instead of on whichever ran during it."""
 
 
-def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, ablation: bool = True,
+def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES, ablation: bool = True,
                 tuned: bool = False, sampler: ClockSampler | None = None) -> list[dict]:
     """Every family (and the im2win ablation) and cuDNN on one layer, with the heuristic's tiles;
     ``tuned`` adds the tuning database's configuration of the GEMM families next to them.  Each
@@ -81,7 +70,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     from codegen.api import build
     from codegen.compile import resolve_arch
     from codegen.families import get_family, im2win, implicit_gemm
-    from codegen.tune import tuned_tiles
+    from codegen.tuning_db import tuned_tiles
     from codegen.families.gemm import flops as gemm_flops
     from codegen.index import IndexAlgebra
     from codegen.spec import SpecError
@@ -90,7 +79,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=FAMILIES, abl
     flops = gemm_flops(spec)
     case = CudnnCase(spec)
     x, w, y = case.x, case.w, case.y
-    cudnn_extra = _cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
+    cudnn_extra = cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
     cudnn_kernels = launched_kernels(case.run_cudnn)
     common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
               "cudnn_extra_bytes": cudnn_extra, "cudnn_kernels": cudnn_kernels,
@@ -183,9 +172,9 @@ LAYER_GROUPS = ("conv2d_mec", "conv3d")
 
 
 def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("NCHW", "NCDHW"), layers=None,
-               families=FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv",
+               families=CONV_FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv",
                source: str = "shapes.json") -> list[dict]:
-    """``layers``: the layer dicts to run (``bench.benchmark_layers``; default every layer of
+    """``layers``: the layer dicts to run (``layers.benchmark_layers``; default every layer of
     ``LAYER_GROUPS``), named in the plot's title by ``source``, the file they came from."""
     results: list[dict] = []
     start = time.perf_counter()
@@ -217,7 +206,7 @@ TMA kernel (layers it takes, channels-first ones with A gathered), the tuning da
 and im2win held to cuDNN's extra memory."""
 HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "tuned": "(tuned)", WITHIN_CUDNN: "(<=cuDNN MiB)"}
 ALGORITHM_CELLS = {"GEMM": "gemm", "FFT": "fft", "Winograd": "wino", "unknown": "?"}
-"""``bench.cudnn_algorithm``'s answers as the table's ``alg`` column shows them."""
+"""``cudnn.cudnn_algorithm``'s answers as the table's ``alg`` column shows them."""
 
 
 def _series(row: dict) -> str:
@@ -227,7 +216,7 @@ def _series(row: dict) -> str:
 def format_table(results: list[dict]) -> str:
     """One line per layer: TFLOP/s and ratio to cuDNN of each family ("(tma)" and "(tuned)"
     columns after a family's own when there are such rows), extra memory in MiB."""
-    families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
+    families = [f for f in CONV_FAMILIES if any(r["family"] == f for r in results)]
     families = [(f, v) for f in families for v in SERIES if any(
         r["family"] == f and _series(r) == v and not r["ablation"] for r in results)]
     has_clock = any(r.get("clock") for r in results)
@@ -318,7 +307,7 @@ def _speed_summary(results: list[dict]) -> list[str]:
     on how many layers it is at least as fast, the geometric mean of its ratios, and its slowest
     layer."""
     lines = []
-    for family in FAMILIES:
+    for family in CONV_FAMILIES:
         rows = _as_built(results, family)
         if not rows:
             continue
@@ -370,7 +359,7 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
     algorithm = {(r["layer"], r["layout"]): r.get("cudnn_algorithm", "unknown") for r in results}
     labels = [f"{layer}\n{layout}" + ("" if algorithm[layer, layout] in ("GEMM", "unknown")
                                       else f"\ncuDNN {algorithm[layer, layout]}") for layer, layout in keys]
-    families = [(f, v) for f in FAMILIES for v in ("heuristic", "tma", WITHIN_CUDNN)
+    families = [(f, v) for f in CONV_FAMILIES for v in ("heuristic", "tma", WITHIN_CUDNN)
                 if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel

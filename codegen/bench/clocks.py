@@ -9,6 +9,7 @@ name the device, nothing is sampled and the reports say so.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import subprocess
@@ -157,3 +158,13 @@ def sampler_for_current_device(interval_ms: int = 100) -> ClockSampler:
     import cupy
 
     return ClockSampler(cupy.cuda.Device().pci_bus_id, interval_ms)
+
+
+@contextlib.contextmanager
+def clocked(results: list[dict], sampler):
+    """Give the rows appended to ``results`` inside the block the SM clock sampled meanwhile."""
+    first, started = len(results), time.monotonic()
+    yield
+    clock = sampler.window(started, time.monotonic())
+    for row in results[first:]:
+        row["clock"] = clock
