@@ -15,6 +15,8 @@ from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
+from codegen.device import Device
+from codegen.device import resolve as resolve_device
 from codegen.tiles import STATIC_SHARED_LIMIT, Tiles, max_shared_per_block
 from codegen.tuning_db import tuned_or_heuristic
 
@@ -27,15 +29,17 @@ def has_gpu() -> bool:
     return device_arch() is not None
 
 
-Chooser = Callable[[Family, ConvSpec, str, "int | None"], Tiles]
-"""Picks the tiles of a build that names none: (family, spec, arch, workspace limit) -> tiles."""
+Chooser = Callable[[Family, ConvSpec, Device, "int | None"], Tiles]
+"""Picks the tiles of a build that names none: (family, spec, device, workspace limit) -> tiles."""
 
 
 def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,
-         workspace_limit: int | None = None, chooser: Chooser = tuned_or_heuristic) -> KernelPlan:
+         workspace_limit: int | None = None, chooser: Chooser = tuned_or_heuristic,
+         target: Device | str | None = None) -> KernelPlan:
     """Validate ``tiles`` for ``family`` (None: ``chooser``'s pick, by default the tuned
-    configuration for this GPU if ``convgen tune`` recorded one, else the heuristic for ``arch``,
-    by default the device's or sm_90) and return the family's plan.
+    configuration for this GPU if ``convgen tune`` recorded one, else the heuristic) and return the
+    family's plan, chosen for ``target`` (a ``Device`` or a name such as ``a100``; None: this
+    machine's GPU, else the reference card of ``arch``, else the H100; ``codegen.device.resolve``).
 
     ``workspace_limit`` caps the plan's workspace (device memory beyond inputs and output, in
     bytes), as cuDNN's algorithm choice takes a workspace limit: tiles chosen here are held under
@@ -46,26 +50,26 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     if not isinstance(spec, ConvSpec):
         raise TypeError(f"spec must be a codegen.ConvSpec (make one with ConvSpec(...) or ConvSpec.from_dict(...)); "
                         f"got {type(spec).__module__}.{type(spec).__name__}")
-    arch = resolve_arch(arch)
+    device = resolve_device(target, arch)
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
     if tiles is None:
-        tiles = chooser(fam, spec, arch, workspace_limit)
+        tiles = chooser(fam, spec, device, workspace_limit)
     elif isinstance(tiles, dict):
-        tiles = fam.complete_tiles(spec, tiles)
+        tiles = fam.complete_tiles(spec, tiles, device)
     elif not isinstance(tiles, fam.tiles_type):
         raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
-    kernel_plan = fam.plan(spec, tiles)
+    kernel_plan = fam.plan(spec, tiles, device)
     if workspace_limit is None or kernel_plan.workspace_bytes <= workspace_limit:
         return kernel_plan
-    lighter = fam.tiles_within(spec, workspace_limit)
+    lighter = fam.tiles_within(spec, workspace_limit, device)
     if not chosen_here:
         raise SpecError("workspace_limit", workspace_limit,
                         f"{family} with tiles {tiles.describe()} needs {format_bytes(kernel_plan.workspace_bytes)} of "
                         f"workspace ({', '.join(b.name for b in kernel_plan.workspaces)}), over the limit of "
                         f"{format_bytes(workspace_limit)}; raise the limit or pass tiles "
                         f"that need less, e.g. {_difference(tiles, lighter)} (the heuristic's choice under this limit)")
-    return fam.plan(spec, lighter)
+    return fam.plan(spec, lighter, device)
 
 
 def check_workspace_limit(limit) -> None:
@@ -212,14 +216,15 @@ def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
 
 
 def build(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: str | None = None,
-          workspace_limit: int | None = None) -> Kernel:
+          workspace_limit: int | None = None, target: Device | str | None = None) -> Kernel:
     """Plan, render and compile (through the cache) the ``family`` kernel for ``spec``.
 
-    ``tiles=None`` picks the family's heuristic; ``arch=None`` the current device's architecture
-    (sm_90 on a machine without a GPU, where the kernel can be compiled but not launched);
-    ``workspace_limit`` caps the workspace in bytes (see ``plan``)."""
-    arch = resolve_arch(arch)
-    return compile_plan(plan(family, spec, tiles, arch, workspace_limit), arch)
+    ``tiles=None`` picks the family's heuristic; ``target`` and ``arch`` the card it is chosen and
+    compiled for (None: the current device, or sm_90 on a machine without a GPU, where the kernel
+    can be compiled but not launched; see ``plan``); ``workspace_limit`` caps the workspace in
+    bytes."""
+    device = resolve_device(target, arch)
+    return compile_plan(plan(family, spec, tiles, device.arch, workspace_limit, target=device), device.arch)
 
 
 def compile_plan(kernel_plan: KernelPlan, arch: str) -> Kernel:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from codegen.version import __version__
 from codegen.bench import CONV_FAMILIES
+from codegen.device import TARGETS
 from codegen.spec import ConvSpec, SpecError
+
+TARGET_NAMES = tuple(TARGETS)
 
 EPILOG = """\
 examples:
@@ -147,7 +150,7 @@ def cmd_generate(args) -> int:
     from codegen.render import render_kernels
 
     kernel_plan = plan(args.family, spec_from_args(args), tiles_from_args(args),
-                       workspace_limit=workspace_limit_from_args(args))
+                       workspace_limit=workspace_limit_from_args(args), target=args.target)
     print(render_kernels(kernel_plan).code, end="")
     return 0
 
@@ -156,7 +159,7 @@ def cmd_emit(args) -> int:
     from codegen.emit import build_flags, emit
 
     path = emit(args.family, spec_from_args(args), args.output, tiles_from_args(args), args.name,
-                "sm_90" if args.arch is None else args.arch, workspace_limit_from_args(args))
+                args.arch, workspace_limit_from_args(args), args.target)
     print(f"wrote {path}  (build: nvcc {' '.join(build_flags(path.read_text()))} -DCONVGEN_SELFTEST {path} -o selftest)")
     return 0
 
@@ -189,7 +192,7 @@ def cmd_compile(args) -> int:
     from codegen.api import build
 
     _report_compile(build(args.family, spec_from_args(args), tiles_from_args(args), args.arch,
-                          workspace_limit_from_args(args)))
+                          workspace_limit_from_args(args), args.target))
     return 0
 
 
@@ -455,14 +458,20 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
-    family_command("generate", "print the rendered CUDA source of a kernel", cmd_generate)
+    generate_cmd = family_command("generate", "print the rendered CUDA source of a kernel", cmd_generate)
     emit_cmd = family_command("emit", "write a standalone .cu file (kernel, C launcher, self-test)", cmd_emit)
     emit_cmd.add_argument("-o", "--output", required=True, metavar="FILE.cu")
     emit_cmd.add_argument("--name", help="name of the extern \"C\" launcher")
-    emit_cmd.add_argument("--arch", help="architecture named in the build line (default sm_90)")
+    emit_cmd.add_argument("--arch", help="architecture named in the build line (default: --target's, else sm_90)")
     compile_cmd = family_command("compile", "compile with NVRTC (no GPU needed); report cache key, hit or miss, "
                                  "cubin size, workspace, registers, shared memory, spills", cmd_compile)
-    compile_cmd.add_argument("--arch", help="target, e.g. sm_90 (default: the device's, else sm_90)")
+    compile_cmd.add_argument("--arch", help="architecture, e.g. sm_90 (default: --target's, else the device's, "
+                             "else sm_90)")
+    for command in (generate_cmd, emit_cmd, compile_cmd):
+        command.add_argument("--target", metavar="CARD", help="the card the tiles are chosen for, on a machine "
+                             f"without it: {', '.join(TARGET_NAMES)}, or CARD,FIELD=N,... to change its numbers "
+                             "(e.g. h100,sm_count=114); default: this machine's GPU, else the reference card of "
+                             "--arch (sm_80: a100, sm_89: l40s, ...), else h100")
     family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)
     fuzz_cmd = family_command("fuzz", "search random specs for one where the kernel is wrong; print the "
                               "smallest as a command", cmd_fuzz, builds=False)
@@ -573,12 +582,13 @@ def main(argv: list[str] | None = None) -> int:
     from codegen.api import LaunchError
     from codegen.compile import CacheError, CompileError
     from codegen.files import EmitError
+    from codegen.tuning_db import DatabaseError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (SpecError, LaunchError, CompileError, CacheError, EmitError, Fail) as err:
+    except (SpecError, LaunchError, CompileError, CacheError, EmitError, DatabaseError, Fail) as err:
         print(f"convgen: error: {err}", file=sys.stderr)
         return 2
 

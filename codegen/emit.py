@@ -7,6 +7,8 @@ from pathlib import Path
 
 from codegen.api import check_arch, plan as make_plan
 from codegen.compile import DEFAULT_ARCH
+from codegen.device import Device
+from codegen.device import resolve as resolve_device
 from codegen.files import write_error, write_if_changed
 from codegen.families import get_family
 from codegen.families.gemm import flops as convolution_flops
@@ -32,12 +34,22 @@ C_KEYWORDS = frozenset("""
     _Static_assert _Thread_local
 """.split())
 """C and C++ keywords: a launcher may not take one."""
+LIBRARY_NAMES = frozenset("""
+    printf fprintf sprintf snprintf vprintf puts putchar getchar fopen fclose fread fwrite fflush fputs fgets
+    perror remove rename malloc calloc realloc free exit abort atexit getenv system atoi atol atof strtol strtoul
+    strtod rand srand qsort bsearch abs labs div memcpy memmove memset memcmp memchr strcpy strncpy strcat strcmp
+    strncmp strlen strchr strrchr strstr strtok strerror sqrt exp log log2 log10 pow sin cos tan floor ceil fabs
+    fmin fmax fma round trunc isnan isinf time clock assert std size_t ptrdiff_t nullptr_t
+""".split())
+"""Names the headers an emitted file includes declare with C linkage: a launcher of the same name
+clashes with them ("more than one instance ... has C linkage")."""
 
 
-def check_launcher_name(name, kernel_plan) -> None:
+def check_launcher_name(name, kernel_plan, file_text: str = "") -> None:
     """The launcher's name goes into the C source as it is, so it must be a C identifier, not a
-    keyword, not reserved to the compiler (a leading double underscore or underscore and capital)
-    and not a name the file already defines (its kernels)."""
+    keyword, not reserved to the compiler (a leading double underscore or underscore and capital),
+    not a name of the C library or the CUDA APIs (cuda*, cu*) the file includes, and not an
+    identifier the file already uses (``file_text``: its kernels, helpers, buffers, self-test)."""
     if name is None:
         return
     field = "launcher"
@@ -47,20 +59,12 @@ def check_launcher_name(name, kernel_plan) -> None:
         raise SpecError(field, name, "is a C/C++ keyword; pick another name")
     if name.startswith("__") or re.match(r"_[A-Z]", name):
         raise SpecError(field, name, "is reserved to the compiler (leading __ or _ and a capital); pick another name")
-    if name == "main" or name in _names_defined(kernel_plan):
-        raise SpecError(field, name, "clashes with a name the file defines (its convgen_... kernels and helpers, "
-                        "the self-test's main); pick another name")
-
-
-def _names_defined(kernel_plan) -> set[str]:
-    """The convgen_ names a standalone file of ``kernel_plan`` defines: its kernels, constants and
-    helpers (read from the kernels' source and from the standalone template's text)."""
-    from codegen.render import PACKAGE_TEMPLATES, render_kernels
-
-    standalone = (PACKAGE_TEMPLATES / "standalone.cu.j2").read_text(encoding="utf-8")
-    return set(re.findall(r"\bconvgen_\w+", render_kernels(kernel_plan).code + standalone))
-
-
+    if name in LIBRARY_NAMES or re.match(r"(cuda|cu|CU)[A-Z_]", name):
+        raise SpecError(field, name, "is a name of the C library or the CUDA APIs the file includes; pick another name")
+    code = re.sub(r'//[^\n]*|"(?:\\.|[^"\\])*"', " ", file_text)    # comments and strings name nothing
+    if name in set(re.findall(r"\b[A-Za-z_]\w*\b", code)):
+        raise SpecError(field, name, "is a name the file already uses (a kernel, helper, buffer or variable of its "
+                        "self-test); pick another name")
 def selftest_stride(outputs: int, terms: int) -> int:
     """1 (compare every output) within ``SELFTEST_BUDGET``, else the odd step that keeps the
     reference's work near it: odd, so the sample meets every residue of the power-of-two periods
@@ -70,25 +74,34 @@ def selftest_stride(outputs: int, terms: int) -> int:
 
 
 def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, launcher: str | None = None,
-                file_name: str = "kernel.cu", arch: str | None = DEFAULT_ARCH,
-                workspace_limit: int | None = None) -> str:
-    """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point; ``arch``
-    None is sm_90, for the file is built elsewhere (build()'s None is this machine's device)."""
-    arch = DEFAULT_ARCH if arch is None else arch
-    kernel_plan = make_plan(family, spec, tiles, arch, workspace_limit)
+                file_name: str = "kernel.cu", arch: str | None = None, workspace_limit: int | None = None,
+                target: Device | str | None = None) -> str:
+    """The text of a standalone file; ``launcher`` names its ``extern "C"`` entry point.  The
+    file is chosen and built for ``target`` (a Device or a name such as ``a100``) with ``arch``;
+    with neither, sm_90 (the file is built elsewhere; build()'s default is this machine's device)."""
+    device = resolve_device(target, DEFAULT_ARCH if target is None and arch is None else arch)
+    arch = device.arch
+    kernel_plan = make_plan(family, spec, tiles, arch, workspace_limit, target=device)
     check_arch(kernel_plan, arch)
-    check_launcher_name(launcher, kernel_plan)
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
-    name = launcher or kernel_plan.context["kernel"].replace(f"_{kernel_plan.variant}_", "_") + "_launch"
+    default = kernel_plan.context["kernel"].replace(f"_{kernel_plan.variant}_", "_") + "_launch"
     terms = kernel_plan.context.get("reference_terms", 1)
     outputs = kernel_plan.output.elements
-    return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name,
-                  arch_flags=nvcc_arch_flags(kernel_plan.compile_arch(arch)),
-                  output_name=kernel_plan.output.name, output_elements=outputs,
-                  selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms,
-                  **bench_work(kernel_plan))
+
+    def standalone(name: str) -> str:
+        return render(kernel_plan, "standalone.cu.j2", launcher=name, file_name=file_name,
+                      arch_flags=nvcc_arch_flags(kernel_plan.compile_arch(arch)),
+                      output_name=kernel_plan.output.name, output_elements=outputs,
+                      selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms,
+                      **bench_work(kernel_plan))
+
+    text = standalone(default)
+    if launcher is None or launcher == default:
+        return text
+    check_launcher_name(launcher, kernel_plan, text)
+    return standalone(launcher)
 
 
 def bench_work(kernel_plan) -> dict:
@@ -118,12 +131,13 @@ def build_flags(text: str) -> list[str]:
 
 
 def emit(family: str, spec: ConvSpec, path: str | os.PathLike, tiles: Tiles | dict | None = None,
-         launcher: str | None = None, arch: str | None = DEFAULT_ARCH, workspace_limit: int | None = None) -> Path:
+         launcher: str | None = None, arch: str | None = None, workspace_limit: int | None = None,
+         target: Device | str | None = None) -> Path:
     """Write the standalone file for ``family`` and ``spec`` to ``path``."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"emit's path must be a file path (str or os.PathLike); got {type(path).__name__}")
     if os.fspath(path) == "":
         raise write_error("", "an empty path")
     path = Path(path)
-    write_if_changed(path, emit_source(family, spec, tiles, launcher, path.name, arch, workspace_limit))
+    write_if_changed(path, emit_source(family, spec, tiles, launcher, path.name, arch, workspace_limit, target))
     return path

@@ -20,8 +20,6 @@ SHARED_PER_BLOCK_OPT_IN = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 <<
                            121: 99 << 10}
 """Shared memory a block may opt into, per compute capability (the CUDA programming guide's table
 of technical specifications: the SM's shared memory less the 1 KB the driver reserves a block)."""
-SM_COUNT_HINT = 132
-"""SMs of the H100 the heuristics size grids for; on smaller GPUs they only err towards more blocks."""
 
 
 @dataclass(frozen=True)

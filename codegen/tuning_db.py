@@ -19,12 +19,17 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from codegen.device import Device
 from codegen.families import get_family
 from codegen.files import EmitError, write_if_changed
 from codegen import render
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
 from codegen.version import __version__
+
+
+class DatabaseError(OSError):
+    """The tuning database could not be written; ``str()`` is one line naming the file."""
 
 
 def default_db_path() -> Path:
@@ -97,15 +102,25 @@ class TuningDB:
             self._corrupt = False
 
     def _write(self, entries: dict[str, dict]) -> None:
-        self._move_aside_if_corrupt()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(prefix=".tuning-", dir=self.path.parent)
+        """Replace the file atomically; a failure leaves it as it was and raises ``DatabaseError``."""
+        try:
+            self._move_aside_if_corrupt()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temp = tempfile.mkstemp(prefix=".tuning-", dir=self.path.parent)
+        except OSError as err:
+            blocking = next((p for p in self.path.parents if p.exists()), None)
+            reason = (f"{blocking} is a file, not a folder" if blocking is not None and not blocking.is_dir()
+                      else err.strerror or str(err))
+            raise DatabaseError(f"cannot write the tuning database {self.path} (--db): {reason}") from err
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump({"format": 1, "entries": entries}, out, indent=1, sort_keys=True)
             os.replace(temp, self.path)
-        except BaseException:
+        except BaseException as err:
             Path(temp).unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise DatabaseError(f"cannot write the tuning database {self.path} (--db): "
+                                    f"{err.strerror or err}") from err
             raise
         self._entries, self._stamp = entries, self.path.stat().st_mtime
 
@@ -231,18 +246,21 @@ def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None,
     return db.lookup(family, spec, device, workspace_limit)
 
 
-def tuned_or_heuristic(fam, spec: ConvSpec, arch: str, workspace_limit: int | None = None) -> Tiles:
-    """``api.plan``'s default chooser: the tuned configuration recorded for this GPU and version
-    when there is one (it still plans and renders to the kernel code that was timed), else the
-    family's heuristic for ``arch``; a database problem never stops a build.  Under a workspace
+def tuned_or_heuristic(fam, spec: ConvSpec, device: Device, workspace_limit: int | None = None) -> Tiles:
+    """``api.plan``'s default chooser: where ``device`` is this machine's GPU, the tuned
+    configuration recorded for it and this version when there is one (it still plans and renders
+    to the kernel code that was timed), else the family's heuristic for ``device``; a database
+    problem never stops a build.  Under a workspace
     limit, the record tuned under that limit comes first, then the one tuned without a limit
     (``plan`` holds either to the limit).  A record is used as it was measured: a field added since
     (split_k) takes its declared default, not the heuristic's."""
-    for limit in (None,) if workspace_limit is None else (workspace_limit, None):
+    here = current_device()
+    records = here is not None and here[0] == device.name
+    for limit in ((None,) if workspace_limit is None else (workspace_limit, None)) if records else ():
         try:
             tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
             if tuned is not None:
                 return fam.tiles_type.from_dict(tuned)
         except (SpecError, TypeError, ValueError):
             pass
-    return fam.heuristic_tiles(spec, arch)
+    return fam.heuristic_tiles(spec, device)

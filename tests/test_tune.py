@@ -18,6 +18,16 @@ SPEC = ConvSpec(dims=2, layout="NHWC", n=4, c=16, k=48, input_size=(14, 14), fil
 DEVICE = ("NVIDIA H100 80GB HBM3", "sm_90")
 
 
+def pretend_device(monkeypatch, device: tuple[str, str]) -> None:
+    """This machine has ``device`` (name, arch), an H100 in all else, for the database and the chooser."""
+    import dataclasses
+
+    from codegen import device as devices
+
+    monkeypatch.setattr(tuning_db, "current_device", lambda: device)
+    monkeypatch.setattr(devices, "present", lambda: dataclasses.replace(devices.REFERENCE, name=device[0], arch=device[1]))
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm", "im2win"])
 def test_space_respects_every_declared_limit(family):
     space = get_family(family).tuning_space(SPEC)
@@ -80,7 +90,7 @@ def test_corrupt_database_is_reported_never_breaks_a_build_and_is_set_aside_by_t
     path = tmp_path / "tuning.json"
     path.write_text("{ not json")
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(path))
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     with pytest.warns(UserWarning, match="unreadable"):
         kernel_plan = plan("implicit_gemm", SPEC)
     assert kernel_plan.tiles == get_family("implicit_gemm").default_tiles(SPEC)
@@ -94,12 +104,12 @@ def test_corrupt_database_is_reported_never_breaks_a_build_and_is_set_aside_by_t
 
 def test_build_uses_the_tuned_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
     tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned,
                            kernel=tune.kernel_fingerprint("implicit_gemm", SPEC, tuned))
     assert plan("implicit_gemm", SPEC).tiles.to_dict() == tuned
-    monkeypatch.setattr(tuning_db, "current_device", lambda: ("another GPU", "sm_90"))
+    pretend_device(monkeypatch, ("another GPU", "sm_90"))
     assert plan("implicit_gemm", SPEC).tiles == get_family("implicit_gemm").default_tiles(SPEC)
 
 
@@ -108,7 +118,7 @@ def test_a_record_that_timed_other_kernel_code_is_not_used(tmp_path, monkeypatch
     """A template edit since the record (another fingerprint), or a record without one: the
     heuristic is used and the user is told once."""
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     monkeypatch.setattr(tuning_db, "_WARNED_STALE", set())
     tuned = dict(get_family("implicit_gemm").default_tiles(SPEC).to_dict(), stages=2, precomp=False)
     tune.TuningDB().record("implicit_gemm", SPEC, DEVICE, tuned, **({"kernel": kernel} if kernel else {}))
@@ -314,7 +324,7 @@ def test_refresh_re_times_only_stale_records_and_keeps_the_faster(tmp_path, monk
     """A stale record is timed again against the heuristic and re-recorded with today's
     fingerprint (its tiles when they still win, the heuristic when they do not); a current record
     and another GPU's are left alone."""
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     db = tune.TuningDB(tmp_path / "tuning.json")
     heuristic = get_family("implicit_gemm").default_tiles(SPEC).to_dict()
     winner = dict(heuristic, stages=2, precomp=False)
@@ -392,7 +402,7 @@ def test_tuning_under_a_limit_tries_only_what_fits_and_records_for_that_limit(tm
     it, and its record serves builds under the same limit only; a build without a limit keeps
     the heuristic."""
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     spec = _layer("conv9", "NHWC")
     limit = 150 << 20
     tried = []
@@ -416,7 +426,7 @@ def test_tuning_under_a_limit_tries_only_what_fits_and_records_for_that_limit(tm
 
 def test_a_build_under_a_limit_takes_its_record_then_the_unlimited_one_where_it_fits(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     spec = _layer("conv9", "NHWC")
     heuristic = get_family("im2win").default_tiles(spec).to_dict()
     unlimited = dict(heuristic, stages=2)
@@ -432,7 +442,7 @@ def test_a_build_under_a_limit_takes_its_record_then_the_unlimited_one_where_it_
 
 
 def test_refresh_re_times_a_limited_record_against_the_heuristic_under_its_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(tuning_db, "current_device", lambda: DEVICE)
+    pretend_device(monkeypatch, DEVICE)
     db = tune.TuningDB(tmp_path / "tuning.json")
     spec = _layer("conv9", "NHWC")
     limit = 100 << 20

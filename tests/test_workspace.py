@@ -108,11 +108,13 @@ def test_cli_workspace_limit_reaches_the_plan_and_the_report(cache_dir, capsys):
 
 def test_a_tuned_record_over_the_limit_gives_way_to_the_heuristic_under_it(monkeypatch):
     """A tuning-database record is the package's own choice, so a limit holds it like the heuristic."""
-    from codegen import tune
+    from codegen import device, tuning_db
 
     spec = layer("c3d_conv2", "NDHWC")
     recorded = {**plan("im2win", spec).tiles.to_dict(), "batch_chunk": 4, "stages": 2}
-    monkeypatch.setattr(tune, "tuned_tiles", lambda family, spec, workspace_limit=None:
+    monkeypatch.setattr(device, "present", lambda: device.REFERENCE)        # records are this machine's GPU's
+    monkeypatch.setattr(tuning_db, "current_device", lambda: (device.REFERENCE.name, device.REFERENCE.arch))
+    monkeypatch.setattr(tuning_db, "tuned_tiles", lambda family, spec, workspace_limit=None:
                         recorded if workspace_limit is None else None)   # tuned without a limit only
     assert plan("im2win", spec).tiles.stages == 2
     held = plan("im2win", spec, workspace_limit=300 * MIB)

@@ -16,6 +16,7 @@ import numpy as np
 import sympy
 
 from codegen import index, launch_limits
+from codegen.device import Device
 from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec, SpecError
 from codegen.spec import replace as replace_spec
@@ -86,9 +87,16 @@ class Launch:
     fold: launch_limits.GridFold | None = field(init=False, compare=False, default=None)
     """How a grid past CUDA's limits is laid over z (None: launched as it is), fixed when planned."""
 
+    persistent: bool = False
+    """The kernel walks its tiles with blockIdx.x and gridDim.x itself (a grid of a few blocks per
+    SM), so it must never be folded."""
+
     def __post_init__(self) -> None:
         launch_limits.check_block_dims(self.kernel, self.block)
         object.__setattr__(self, "fold", launch_limits.fold_grid(self.kernel, self.grid))
+        if self.persistent and self.fold is not None:
+            raise SpecError("grid", self.grid, f"persistent kernel {self.kernel} would need its grid folded; "
+                            "this is a convgen bug")
 
     @property
     def threads(self) -> int:
@@ -173,6 +181,9 @@ class KernelPlan:
             for buffer, stride in zip(self.launch_args(launch), launch.chunk_strides):
                 if stride:
                     advance[buffer.name] = stride
+        for step in self.steps if self.chunks > 1 else ():
+            if isinstance(step, BlasGemm) and step.chunk_stride_c:
+                advance[step.c[0]] = step.chunk_stride_c
         return advance
 
     @property
@@ -266,21 +277,24 @@ class Family:
     convolution: ClassVar[bool] = True
     """Whether the output is the convolution (its speed is counted in FLOPs), not a transform."""
 
-    def default_tiles(self, spec: ConvSpec) -> Tiles:
+    def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Tiles:
+        """The portable heuristic for ``device`` (a ``codegen.device.Device``, an arch or a target
+        name; None: the H100 its rules were measured on)."""
         raise NotImplementedError
 
-    def heuristic_tiles(self, spec: ConvSpec, arch: str) -> Tiles:
-        """The heuristic for a target architecture (``build(spec)`` without tiles): the portable
+    def heuristic_tiles(self, spec: ConvSpec, device: Device | str | None = None) -> Tiles:
+        """The heuristic for a target (``build(spec)`` without tiles): the portable
         ``default_tiles`` unless the family has a kernel that only newer GPUs run."""
-        return self.default_tiles(spec)
+        return self.default_tiles(spec, device=device)
 
-    def tiles_within(self, spec: ConvSpec, limit: int) -> Tiles:
+    def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> Tiles:
         """The heuristic's tiles held to ``limit`` bytes of workspace (``build(..., workspace_limit=)``
         when the heuristic's own need more), or a SpecError that names the least this family needs."""
         raise SpecError("workspace_limit", limit, f"{self.name} has no tile choice that needs less workspace "
                         f"for this spec")
 
-    def chunk_within(self, spec: ConvSpec, limit: int, per_image: int, what: str, budget: int) -> Tiles:
+    def chunk_within(self, spec: ConvSpec, limit: int, per_image: int, what: str, budget: int,
+                     device: Device | str | None = None) -> Tiles:
         """``tiles_within`` for a family whose workspace holds ``per_image`` bytes (``what``) for each
         image of its batch chunk and whose ``default_tiles(spec, budget)`` takes the largest chunk
         within ``budget``: the heuristic's own budget or the limit, whichever is less."""
@@ -288,7 +302,7 @@ class Family:
             raise SpecError("workspace_limit", limit, f"{self.name} needs at least {format_bytes(per_image)} of "
                             f"workspace here (the limit is {format_bytes(limit)}): {what}, the smallest batch "
                             f"chunk; implicit_gemm needs none")
-        return self.default_tiles(spec, min(limit, budget))
+        return self.default_tiles(spec, min(limit, budget), device=device)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """Tile configurations the tuner may try (before the compiler's limits prune them), each
@@ -301,11 +315,12 @@ class Family:
         shapes known to win that neither sampling nor one-parameter steps reliably reach."""
         return []
 
-    def complete_tiles(self, spec: ConvSpec, requested: dict) -> Tiles:
+    def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> Tiles:
         """The tiles a user asked for, the rest from the heuristic."""
-        return self.tiles_type.from_dict({**self.default_tiles(spec).to_dict(), **requested})
+        return self.tiles_type.from_dict({**self.default_tiles(spec, device=device).to_dict(), **requested})
 
-    def plan(self, spec: ConvSpec, tiles: Tiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: Tiles, device: Device | str | None = None) -> KernelPlan:
+        """The kernels of ``spec`` with ``tiles``; ``device`` sizes the grids of persistent kernels."""
         raise NotImplementedError
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
+from codegen.device import Device
 from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
 from codegen.spec import ConvSpec
 from codegen.tiles import TileParam, Tiles, check_block
@@ -72,10 +73,10 @@ class Col2im(Family):
     summary = "column matrix -> image: deterministic gather or atomic scatter"
     convolution = False
 
-    def default_tiles(self, spec: ConvSpec) -> Col2imTiles:
+    def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Col2imTiles:
         return Col2imTiles()
 
-    def plan(self, spec: ConvSpec, tiles: Col2imTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: Col2imTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
         if tiles.algorithm == "scatter":
             variant = "scatter"

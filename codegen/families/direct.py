@@ -42,11 +42,12 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
+from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, TensorMap, convolution_selftest_context,
                                    grid_for, kernel_name)
 from codegen.families.im2col import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import SM_COUNT_HINT, STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
+from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
 
 CONSTANT_BANK_BYTES = 64 * 1024
 VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register", "tiled_tma")
@@ -90,7 +91,7 @@ class DirectTiles(Tiles):
                   "(so its pipeline runs across tiles, not only across channels)", minimum=1, maximum=64),
         TileParam("min_blocks", "tiled_register: blocks per SM promised to ptxas by __launch_bounds__, which caps "
                   "registers at 65536 / (threads * min_blocks) (0: ptxas chooses)", minimum=0, maximum=16),
-        TileParam("resident_blocks", "tiled_tma: persistent blocks per SM (the grid is 132 SMs times this; each "
+        TileParam("resident_blocks", "tiled_tma: persistent blocks per SM (the grid is the target's SMs times this; each "
                   "block walks the tiles)", minimum=1, maximum=8),
     )
 
@@ -140,7 +141,7 @@ class Direct(Family):
     summary = ("direct convolution: basic, constant-memory filter, shared-memory halo, halo from cache, register "
                "tiles fed by cp.async or (sm_90) TMA")
 
-    def default_tiles(self, spec: ConvSpec) -> DirectTiles:
+    def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> DirectTiles:
         """Tiled with the halo in shared memory, the seed's fastest for a single-channel filter, with
         an output tile whose input tile stays within 32 x 32 threads."""
         alg = index.IndexAlgebra(spec)
@@ -155,7 +156,7 @@ class Direct(Family):
 
     def register_tiles(self, spec: ConvSpec) -> DirectTiles:
         """tiled_register geometry, from timing the 8192^2 filters and the benchmark layers on an
-        H100 (docs/perf.md).
+        H100 (docs/perf-history.md, direct v4 and v5).
 
         - 8 x 4 outputs per thread (4 along W for float4 copies and stores, 8 along H so each
           input row read from shared memory feeds up to 8 filter rows), 32 threads across and 8
@@ -198,7 +199,7 @@ class Direct(Family):
 
     def tma_tiles(self, spec: ConvSpec) -> DirectTiles:
         """tiled_tma geometry, from the prototype's timing of the 8192^2 filters on an H100
-        (docs/perf.md, direct v8): 8 consumer warps of 4 x 4 outputs (a 32 x 128 tile; 1 row per
+        (docs/perf-history.md, direct v8): 8 consumer warps of 4 x 4 outputs (a 32 x 128 tile; 1 row per
         thread below 32 output rows), 4 buffers, one persistent block per SM (more blocks split
         the same DRAM stream into shorter pipelines: radius 4 0.211 ms at one, 0.238 at two), and
         the filter in constant memory where it fits."""
@@ -248,7 +249,7 @@ class Direct(Family):
         stride_w = spec.stride[-1]
         contiguous_w = not spec.layout.channels_last
         vector_load = contiguous_w and spec.input_size[-1] % 4 == 0 and tiles.tile_w * stride_w % 4 == 0
-        terms = index.tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1)
+        terms = index.tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1, windows=True)
         rows_axis, cols_axis = terms["axes"]
         lead = cols_axis["lead"]
         width = lead + cols_axis["halo_extent"]
@@ -314,13 +315,13 @@ class Direct(Family):
             strides.append(step)
         return TensorMap("x", tuple(shape), tuple(strides), (*box, *(1,) * (len(shape) - 2)))
 
-    def complete_tiles(self, spec: ConvSpec, requested: dict) -> DirectTiles:
+    def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> DirectTiles:
         """Unset tiles come from the heuristic of the requested variant."""
         base = {"tiled_register": self.register_tiles, "tiled_tma": self.tma_tiles}.get(
             requested.get("variant"), self.default_tiles)(spec)
         return DirectTiles.from_dict({**base.to_dict(), **requested})
 
-    def plan(self, spec: ConvSpec, tiles: DirectTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: DirectTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
         variant = tiles.variant
         filter_bytes = _filter_bytes(alg)
@@ -390,7 +391,7 @@ class Direct(Family):
             grid = (math.prod(outer), 1, 1)
             if variant == "tiled_tma":
                 context["tiles_total"] = grid[0]
-                grid = (min(grid[0], SM_COUNT_HINT * tiles.resident_blocks), 1, 1)
+                grid = (min(grid[0], as_device(device).sm_count * tiles.resident_blocks), 1, 1)
             names = (["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)]
                      + [f"{first}{rows_axis['axis']}", f"tile{cols_axis['axis']}"])
             context.update(terms, block_names=names,
@@ -398,7 +399,7 @@ class Direct(Family):
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
         if variant == "tiled_tma":
             launch = Launch(name, grid, block, dynamic_shared, args=("y",) if constant_filter else ("w", "y"),
-                            tensor_maps=(self._input_map(alg, context["box"]),))
+                            tensor_maps=(self._input_map(alg, context["box"]),), persistent=True)
         else:
             launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
         context.update(index.template_context(alg, launch.threads, column_matrix=False))

@@ -33,16 +33,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from codegen import index
-from codegen.compile import compute_capability
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import DYNAMIC_SHARED_LIMIT, SM_COUNT_HINT, TileParam, Tiles, check_block
+from codegen.device import Device, as_device
+from codegen.tiles import DYNAMIC_SHARED_LIMIT, TileParam, Tiles, check_block
 
 SMEM_PAD = 4
 REGISTER_LIMIT = 255
 REGISTER_FILE = 65536
-SPLIT_K_CTAS = 8 * SM_COUNT_HINT
-"""CTAs below which the heuristic splits K: conv12's 400 output tiles ran 1.14x faster in 3 splits
-(1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568 lost 11 % in 2."""
+SPLIT_K_CTAS_PER_SM = 8
+"""CTAs per SM below which the heuristic splits K (1056 on the H100's 132 SMs): conv12's 400
+output tiles ran 1.14x faster in 3 splits (1200 CTAs), conv6's 800 1.06x in 2; c3d_conv3's 1568
+lost 11 % in 2."""
 SPLIT_K_MIN_SLICES = 16
 """k-slices each split keeps at least, so the pipeline still has a loop to overlap."""
 MICRO_TILES = ((4, 4), (4, 8), (8, 4), (8, 8), (4, 12), (8, 12), (12, 8), (16, 8), (8, 16))
@@ -57,7 +58,7 @@ NARROW_TILE = 48
 """The CTA tile width, in output channels, that the heuristic takes where its usual tile would pad
 K to at least 4/3 of what 48-wide tiles pad it to (K = 33-48 and 129-144): 128x48 tiles of 4x12 micro-tiles ran
 1.26-1.45x faster than the 64-wide ones on K = 40, 48 and 144 (6 of 6 layer-layouts), and
-0.59-1.01x as fast where K fills the usual 64- or 96-wide tiles (docs/perf.md GEMM v28)."""
+0.59-1.01x as fast where K fills the usual 64- or 96-wide tiles (docs/perf-history.md GEMM v28)."""
 TABLE_MAX_ROWS = 1 << 16
 """The most column-matrix rows (C x taps) a kernel may carry a per-row table for (``precomp``'s row
 offsets, the TMA kernel's slice offsets): the generator writes such a table into the source, one
@@ -185,7 +186,7 @@ TMA_REGISTER_SPLIT = (40, 232)
 """``setmaxnreg`` counts of the producer warpgroup and the consumers: per scheduler one producer
 warp at 40 and two consumer warps at 232 fit the 512 registers a lane that 3 warps at 168 held.
 A 16-row micro-tile needs them (128 accumulators; about 205 registers), and the 8x8 kernel of 8
-consumer warps ran 0.2-3.6 % faster with them (docs/perf.md, GEMM v15)."""
+consumer warps ran 0.2-3.6 % faster with them (docs/perf-history.md, GEMM v15)."""
 
 
 TMA_ALIGNMENT = 1024
@@ -327,9 +328,9 @@ def tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
     return -(-gemm_m // block_m) * -(-gemm_n // block_n)
 
 
-def heuristic(spec: ConvSpec, table_fits: bool = True) -> GemmTiles:
+def heuristic(spec: ConvSpec, table_fits: bool = True, device: Device | str | None = None) -> GemmTiles:
     """A sound tile choice without tuning, distilled from tuning the 16 benchmark layers on an
-    H100 (docs/perf.md, "heuristic v3"), in the way CUTLASS's default configurations are picked:
+    H100 (docs/perf-history.md, GEMM v5, "heuristic v3"), in the way CUTLASS's default configurations are picked:
 
     - block_n covers the output channels tightly (32, 64, 96 or 128); above 128 channels 64-wide
       tiles won (twice the CTAs on layers whose pixel count is small); where that tile pads K
@@ -342,7 +343,7 @@ def heuristic(spec: ConvSpec, table_fits: bool = True) -> GemmTiles:
     - 8x12 micro-tiles on the 96-channel tiles: one warp spans the 96 channels, so a 128x96 tile
       is 128 threads of 96 outputs (3 CTAs per SM at 168 registers) instead of 192 threads of 64,
       the longer runs of independent FMAs that cuBLAS's SIMT kernels use (conv1 +11 %, conv2
-      +8 % in a same-run A/B, docs/perf.md v9; 12-wide tiles lost on the 64- and 128-channel
+      +8 % in a same-run A/B, docs/perf-history.md, GEMM v9; 12-wide tiles lost on the 64- and 128-channel
       layers); with it every heuristic tile's threads split its pixels evenly, so channels-first
       A tiles load along pixels;
     - block_k 16 (8 when K = C*taps is below 64, where half a slice would be padding), 3 cp.async
@@ -351,41 +352,51 @@ def heuristic(spec: ConvSpec, table_fits: bool = True) -> GemmTiles:
       slice lands k-major in shared memory, so cp.async copies are 4 bytes either way, and one
       channel a thread makes a slice's 16 channels of a pixel (or filter row) 16 adjacent lanes,
       64 contiguous bytes, where four a thread spread one warp copy over 16 sectors (channels-last
-      layers 1.08-1.44x, docs/perf.md GEMM v22);
+      layers 1.08-1.44x, docs/perf-history.md GEMM v22);
     - split-K (CUTLASS's serial reduction through atomic adds) when the output has fewer than
-      ``SPLIT_K_CTAS`` tiles: enough splits to reach it, each keeping ``SPLIT_K_MIN_SLICES``.
+      ``SPLIT_K_CTAS_PER_SM`` tiles per SM: enough splits to reach it, each keeping
+      ``SPLIT_K_MIN_SLICES``.
+    SM counts are ``device``'s (a ``Device``, an arch or a target name; the H100 by default).
     """
+    device = as_device(device)
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(alg)
     block_n = _channel_tile(gemm_n)
     block_m = 256 if block_n == 32 else 128
-    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * SM_COUNT_HINT:
+    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * device.sm_count:
         block_m //= 2
-    thread_m, thread_n = _micro_tile(block_m, block_n)
-    warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
     block_k = 16 if gemm_k >= 64 else 8
-    split_k = heuristic_split_k(tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // block_k))
-    return GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m, warp_n=warp_n,
-                     thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False, split_k=split_k,
-                     precomp=table_fits)
+    while True:
+        thread_m, thread_n = _micro_tile(block_m, block_n)
+        warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
+        split_k = heuristic_split_k(tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // block_k),
+                                    device.sm_count)
+        tiles = fit_device(GemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m,
+                                     warp_n=warp_n, thread_m=thread_m, thread_n=thread_n, stages=3, vector_load=False,
+                                     split_k=split_k, precomp=table_fits), device)
+        if shared_bytes(tiles) <= device.shared_per_block or block_m == 32:
+            return tiles
+        block_m //= 2     # the epilogue's output tile alone passes the card's shared memory
 
 
 def wide_tiles(base: GemmTiles, gemm_n: int) -> GemmTiles:
     """``base`` as 128 threads of 16x8 micro-tiles, 8-deep slices, K unsplit: 128x128 tiles where
     ``gemm_n`` is a multiple of 128, else 256x64 (the shape of ``WIDE_TILES`` that won every
-    channels-first layer the tuner was run on, docs/perf.md GEMM v32)."""
+    channels-first layer the tuner was run on, docs/perf-history.md GEMM v32)."""
     block_m, block_n = (128, 128) if gemm_n % 128 == 0 else (256, 64)
     warp_m, warp_n = _warp_shape(block_m, block_n, 16, 8)
     return GemmTiles(**{**base.to_dict(), "block_m": block_m, "block_n": block_n, "block_k": 8, "warp_m": warp_m,
                         "warp_n": warp_n, "thread_m": 16, "thread_n": 8, "split_k": 1})
 
 
-def heuristic_split_k(ctas: int, k_tiles: int) -> int:
+def heuristic_split_k(ctas: int, k_tiles: int, sm_count: int) -> int:
     """The heuristic's split-K for an output of ``ctas`` tiles and a K range of ``k_tiles`` slices:
-    enough splits to reach ``SPLIT_K_CTAS`` CTAs (at most 16), each keeping ``SPLIT_K_MIN_SLICES``."""
-    if ctas >= SPLIT_K_CTAS:
+    enough splits to reach ``SPLIT_K_CTAS_PER_SM`` CTAs a SM (at most 16 splits), each keeping
+    ``SPLIT_K_MIN_SLICES``."""
+    enough = SPLIT_K_CTAS_PER_SM * sm_count
+    if ctas >= enough:
         return 1
-    return max(1, min(16, -(-SPLIT_K_CTAS // ctas), k_tiles // SPLIT_K_MIN_SLICES))
+    return max(1, min(16, -(-enough // ctas), k_tiles // SPLIT_K_MIN_SLICES))
 
 
 def _micro_tile(block_m: int, block_n: int) -> tuple[int, int]:
@@ -422,7 +433,7 @@ def complete(base: dict, requested: dict) -> dict:
 def pads_by_a_third(padded: int, needed: int) -> bool:
     """Whether ``padded`` is at least 4/3 of ``needed``: the heuristics' line for turning down a
     tile or box that leaves a quarter of its work on padding (``_channel_tile``, the implicit GEMM's
-    TMA channel boxes; docs/perf.md GEMM v28, v30)."""
+    TMA channel boxes; docs/perf-history.md GEMM v28, v30)."""
     return 3 * padded >= 4 * needed
 
 
@@ -434,18 +445,20 @@ def _channel_tile(gemm_n: int) -> int:
     return NARROW_TILE if pads_by_a_third(padded[block_n], padded[NARROW_TILE]) else block_n
 
 
-def tuning_space(spec: ConvSpec, a_vector_ok: bool) -> list[dict]:
+def tuning_space(spec: ConvSpec, a_vector_ok: bool, device: Device | str | None = None) -> list[dict]:
     """Every tile configuration the tuner may try: CTA tiles 32-256 (block_n no wider than the
     channels need), block_k 8-32, the micro-tiles of ``MICRO_TILES``, four warp shapes, 2-4 stages, with and
     without the row table, with and without four-float loads where A allows them, split-K 1, 2 or 4
-    where the output has fewer than ``SPLIT_K_CTAS`` tiles; kept only if ``check_geometry`` accepts it."""
+    where the output has fewer than ``SPLIT_K_CTAS_PER_SM`` tiles per SM of ``device``; kept only if
+    ``check_geometry`` accepts it."""
+    enough = SPLIT_K_CTAS_PER_SM * as_device(device).sm_count
     gemm_m, gemm_n, gemm_k = index.gemm_sizes(index.IndexAlgebra(spec))
     widest = max(32, -(-gemm_n // 32) * 32)
     vector_choices = (False, True) if a_vector_ok else (False,)
     space = []
     for block_m in (32, 64, 128, 256):
         for block_n in (b for b in (32, NARROW_TILE, 64, 96, 128, 256) if b <= widest):
-            few_tiles = tile_count(gemm_m, gemm_n, block_m, block_n) < SPLIT_K_CTAS
+            few_tiles = tile_count(gemm_m, gemm_n, block_m, block_n) < enough
             for block_k in (8, 16, 32):
                 for thread_m, thread_n in MICRO_TILES:
                     for lanes_m in (2, 4, 8, 16):
@@ -556,11 +569,20 @@ def async_copy_arch(tiles: GemmTiles) -> dict:
     return {"min_arch": 80, "min_arch_reason": "cp.async; async_copy=False with stages <= 2 runs on older targets"}
 
 
-def for_arch(tiles: GemmTiles, arch: str) -> GemmTiles:
-    """The heuristic's tiles on a target before sm_80: register staging, double-buffered."""
-    if compute_capability(arch) >= 80 or not tiles.async_copy:
-        return tiles
-    return dataclasses.replace(tiles, async_copy=False, stages=min(tiles.stages, 2))
+def fit_device(tiles: GemmTiles, device: Device) -> GemmTiles:
+    """``tiles`` as ``device`` runs them: staged through registers (double-buffered) before sm_80,
+    which has no cp.async, and with fewer stages, then thinner k-slices, while their shared memory
+    passes its limit per block (the H100's 227 KB takes every heuristic tile as it is)."""
+    if device.capability < 80 and tiles.async_copy:
+        tiles = dataclasses.replace(tiles, async_copy=False, stages=min(tiles.stages, 2))
+    while shared_bytes(tiles) > device.shared_per_block:
+        if tiles.stages > 2:
+            tiles = dataclasses.replace(tiles, stages=tiles.stages - 1)
+        elif tiles.block_k > 8:
+            tiles = dataclasses.replace(tiles, block_k=tiles.block_k // 2)
+        else:
+            break
+    return tiles
 
 
 def row_table_fits(alg: index.IndexAlgebra, terms: dict) -> bool:

@@ -24,6 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
+from codegen.device import Device
 from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
@@ -86,7 +87,7 @@ class Im2col(Family):
     summary = "image -> column matrix (incl. the DECX dpitch float4 kernels)"
     convolution = False
 
-    def default_tiles(self, spec: ConvSpec) -> Im2colTiles:
+    def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Im2colTiles:
         """float4 kernel whenever the pitch allows; large channels-first filters (more than 16 taps,
         e.g. 7x7 or 11x11) spread their outermost filter axis over threads, giving each thread
         fewer sequential stores and the grid more blocks to balance."""
@@ -104,7 +105,7 @@ class Im2col(Family):
             return f"vec{spec.pitch}" if spec.pitch <= VECTOR_CHUNK else "vec_generic"
         return "channels_last" if spec.layout.channels_last else "channels_first"
 
-    def plan(self, spec: ConvSpec, tiles: Im2colTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: Im2colTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
         variant = self.variant(spec, tiles)
         context: dict = {}

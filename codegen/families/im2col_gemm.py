@@ -17,10 +17,11 @@ import numpy as np
 import sympy
 
 from codegen import index
+from codegen.device import Device
 from codegen.families import im2col
 from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, Launch, chunk_spec, largest_batch_chunk
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles
 
 WORKSPACE_BUDGET = 1 << 30
@@ -48,11 +49,15 @@ class Im2colGemm(Family):
     tiles_type = Im2colGemmTiles
     summary = "explicit im2col into a workspace, then cuBLAS SGEMM, in batch chunks"
 
-    def default_tiles(self, spec: ConvSpec, budget: int = WORKSPACE_BUDGET) -> Im2colGemmTiles:
-        """The largest divisor of N whose column matrix fits ``budget`` (at least 1)."""
-        return Im2colGemmTiles(batch_chunk=largest_batch_chunk(spec.n, column_bytes_per_image(spec), budget))
+    def default_tiles(self, spec: ConvSpec, budget: int = WORKSPACE_BUDGET, *,
+                      device: Device | str | None = None) -> Im2colGemmTiles:
+        """The largest divisor of N whose column matrix fits ``budget`` (at least 1) and whose columns
+        cuBLAS's 32-bit sizes can count."""
+        per_image = column_bytes_per_image(spec)
+        most_images = index.INT32_MAX // math.prod(index.output_size(spec))
+        return Im2colGemmTiles(batch_chunk=largest_batch_chunk(spec.n, per_image, min(budget, most_images * per_image)))
 
-    def tiles_within(self, spec: ConvSpec, limit: int) -> Im2colGemmTiles:
+    def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> Im2colGemmTiles:
         """The largest batch chunk whose column matrix fits ``limit``."""
         return self.chunk_within(spec, limit, column_bytes_per_image(spec), "one image's column matrix",
                                  WORKSPACE_BUDGET)
@@ -65,8 +70,15 @@ class Im2colGemm(Family):
         return [{"batch_chunk": d} for d in sympy.divisors(spec.n)
                 if workspace_limit is None or d * per_image <= workspace_limit]
 
-    def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: Im2colGemmTiles, device: Device | str | None = None) -> KernelPlan:
         chunk = tiles.batch_chunk
+        pixels = math.prod(index.output_size(spec))
+        if pixels > index.INT32_MAX:
+            raise SpecError("input_size", spec.input_size, f"gives {pixels} output pixels an image, more than "
+                            f"cuBLAS's 32-bit GEMM sizes ({index.INT32_MAX}); use implicit_gemm")
+        if chunk * pixels > index.INT32_MAX:
+            raise SpecError("tiles.batch_chunk", chunk, f"gives the GEMM {chunk * pixels} columns, more than cuBLAS's "
+                            f"32-bit sizes ({index.INT32_MAX}); use at most {index.INT32_MAX // pixels} images a chunk")
         part = chunk_spec(spec, chunk)
         alg = self.algebra(spec)
         inner = im2col.FAMILY.plan(part, im2col.FAMILY.default_tiles(part))

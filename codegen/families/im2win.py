@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index
+from codegen.device import Device
 from codegen.families import gemm
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
                                    grid_for, kernel_name, largest_batch_chunk)
@@ -93,23 +94,24 @@ class Im2win(Family):
     tiles_type = Im2winTiles
     summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM, in batch chunks"
 
-    def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET) -> Im2winTiles:
-        """``gemm.heuristic`` for one chunk's GEMM, the chunk from ``batch_chunk``."""
+    def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET, *,
+                      device: Device | str | None = None) -> Im2winTiles:
+        """``gemm.heuristic`` for one chunk's GEMM on ``device``, the chunk from ``batch_chunk``."""
         chunk = batch_chunk(spec, budget)
         part = replace(spec, n=chunk)
         alg = index.IndexAlgebra(part)
-        core = gemm.heuristic(part, gemm.row_table_fits(alg, index.gemm_terms(alg, "window")))
+        core = gemm.heuristic(part, gemm.row_table_fits(alg, index.gemm_terms(alg, "window")), device)
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
-    def complete_tiles(self, spec: ConvSpec, requested: dict) -> Im2winTiles:
+    def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> Im2winTiles:
         """Unset tiles as ``gemm.complete`` fills them from the heuristic."""
-        return Im2winTiles.from_dict(gemm.complete(self.default_tiles(spec).to_dict(), requested))
+        return Im2winTiles.from_dict(gemm.complete(self.default_tiles(spec, device=device).to_dict(), requested))
 
-    def tiles_within(self, spec: ConvSpec, limit: int) -> Im2winTiles:
+    def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> Im2winTiles:
         """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
         shape = index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))
         return self.chunk_within(spec, limit, math.prod(shape) * 4, f"one image's window tensor {shape}",
-                                 WINDOW_BUDGET)
+                                 WINDOW_BUDGET, device)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """The GEMM core's space for the heuristic's batch chunk (held to ``workspace_limit``), and
@@ -130,11 +132,11 @@ class Im2win(Family):
         """The heuristic's tiles for its own batch chunk, run at a smaller ``chunk`` (a workspace
         limit's).  On the H100 they beat the heuristic re-derived for the smaller chunk on 6 of 10
         layers (up to 1.16x, where the re-derived split-K is too deep) and lost on 2 (0.79x on
-        conv12), docs/perf.md GEMM v27: so the tuner times both, this one right after the heuristic."""
+        conv12), docs/perf-history.md GEMM v27: so the tuner times both, this one right after the heuristic."""
         full = self.default_tiles(spec)
         return [] if full.batch_chunk == chunk else [dict(full.to_dict(), batch_chunk=chunk)]
 
-    def plan(self, spec: ConvSpec, tiles: Im2winTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: Im2winTiles, device: Device | str | None = None) -> KernelPlan:
         """Kernels for one chunk of ``batch_chunk`` images; images are outermost in every layout,
         so chunk c is the same kernels on x and y advanced by c chunks of images."""
         chunk = tiles.batch_chunk
@@ -164,10 +166,6 @@ class Im2win(Family):
                    Buffer("y", whole.output_shape, "out"))
         return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
                           zero_output=context["splits"] > 1, **gemm.async_copy_arch(tiles))
-
-    def heuristic_tiles(self, spec: ConvSpec, arch: str) -> Im2winTiles:
-        """``default_tiles``, double-buffered through registers before sm_80 (no cp.async there)."""
-        return gemm.for_arch(self.default_tiles(spec), arch)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

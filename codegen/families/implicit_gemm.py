@@ -9,7 +9,7 @@ IMPLICIT_PRECOMP_GEMM).  Tiles, pipeline and micro-kernel: ``codegen/families/ge
 No workspace: the extra device memory is the row table (16 bytes per row at most).  The TMA
 kernel below needs one, for the transposed filter.
 
-With ``tma`` (channels-last, sm_90) the kernel is Hopper's instead (docs/perf.md, GEMM v11):
+With ``tma`` (channels-last, sm_90) the kernel is Hopper's instead (docs/perf-history.md, GEMM v11):
 persistent blocks whose producer thread loads each k-slice, one filter tap by 32 channels, with
 two TMA copies (A through the im2col mode, which walks the tile's pixels across rows and images
 and reads zeros for padding; B as a box of the filter, transposed per call into a taps x C x K
@@ -28,21 +28,19 @@ import math
 import numpy as np
 
 from codegen import index
-from codegen.compile import compute_capability
 from codegen.families import gemm
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, TensorMap, convolution_selftest_context,
                                    grid_for, kernel_name)
 from codegen.families.direct import convolution_reference
 from codegen.spec import ConvSpec, SpecError
-from codegen.tiles import SM_COUNT_HINT
+from codegen.device import Device, as_device, present
 
 SLICE_TABLE_LIMIT = 2048
 """Most k-slices whose offsets the gathered TMA kernel takes from a constant table (at most 16 KB
 of the 64 KB of constant memory, at 8 bytes an entry); longer filters decode each slice's tap."""
 
-SHARED_PER_SM = 228 * 1024
-"""Shared memory of one sm_90 SM, of which each resident block also takes ``BLOCK_RESERVED``."""
 BLOCK_RESERVED = 1024
+"""Shared memory the driver reserves for each resident block on top of its own."""
 TMA_STAGES = 6
 """Most stages the heuristic gives the TMA kernel (the prototype gained 1-2 % from 4 to 6 on
 c3d_conv2)."""
@@ -98,8 +96,8 @@ class ImplicitGemm(Family):
     summary = ("implicit-GEMM convolution: cp.async pipeline, warp and thread tiles, precomputed offsets; "
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
 
-    def default_tiles(self, spec: ConvSpec) -> gemm.GemmTiles:
-        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf.md).  GEMM v33: where
+    def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> gemm.GemmTiles:
+        """``gemm.heuristic``, with two changes measured on the H100 (docs/perf-history.md).  GEMM v33: where
         the heuristic splits K, the 128-thread tiles of 16x8 micro-tiles of ``gemm.wide_tiles``
         instead, unsplit, wherever their grid fills its last wave of ``WIDE_BLOCKS_PER_SM`` blocks
         per SM to ``WIDE_MIN_WAVE_FILL``: 1.04-1.23x on all 13 such channels-first layers (5 of
@@ -111,25 +109,26 @@ class ImplicitGemm(Family):
         v33 also took them where C x taps % 16 == 8, because the half-empty last slice's bound
         check then guarded every copy; since v34 the partial slice comes first and only the
         prologue checks it, and 16-deep slices ran 0.99-1.09x the 8-deep ones on those 14
-        layer-layouts, so that rule went."""
+        layer-layouts, so that rule went.  SM counts are ``device``'s (the H100 by default)."""
+        device = as_device(device)
         alg = self.algebra(spec)
-        tiles = gemm.heuristic(spec, gemm.row_table_fits(alg, index.gemm_terms(alg, "image")))
+        tiles = gemm.heuristic(spec, gemm.row_table_fits(alg, index.gemm_terms(alg, "image")), device)
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         if tiles.split_k > 1 and gemm_n % 64 == 0:
-            wide = gemm.wide_tiles(tiles, gemm_n)
-            waves = gemm.tile_count(gemm_m, gemm_n, wide.block_m, wide.block_n) / (WIDE_BLOCKS_PER_SM * SM_COUNT_HINT)
-            if waves / math.ceil(waves) >= WIDE_MIN_WAVE_FILL:
+            wide = gemm.fit_device(gemm.wide_tiles(tiles, gemm_n), device)
+            waves = gemm.tile_count(gemm_m, gemm_n, wide.block_m, wide.block_n) / (WIDE_BLOCKS_PER_SM * device.sm_count)
+            if waves / math.ceil(waves) >= WIDE_MIN_WAVE_FILL and gemm.shared_bytes(wide) <= device.shared_per_block:
                 return wide
         if spec.layout.channels_last and spec.c <= SHALLOW_CHANNELS and tiles.block_k == 16:
             return gemm.GemmTiles(**{**tiles.to_dict(), "block_k": 8})
         return tiles
 
-    def heuristic_tiles(self, spec: ConvSpec, arch: str) -> gemm.GemmTiles:
+    def heuristic_tiles(self, spec: ConvSpec, device: Device | str | None = None) -> gemm.GemmTiles:
         """On sm_90 and newer, the TMA kernel where it takes the spec, its output-channel tiles are
         full (K a multiple of 64, or K = 32, where the compiler drops a 64-wide tile's idle half)
         and it has at least ``TMA_MIN_TILES_PER_SM`` tiles per SM, or ``TMA_MIN_STREAM_K_TILES_PER_SM``
         where it shares out its tail (stream-K); the portable cp.async kernel otherwise.  Measured
-        on the H100 (docs/perf.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
+        on the H100 (docs/perf-history.md, GEMM v14 and v15): 1.09-1.76x the cp.async kernel on the ten
         channels-last layers this takes, 0.62-0.93x on the two it turns away.  Two more conditions
         from 81 channels-last layers (GEMM v30): C x taps at least ``TMA_MIN_GEMM_K`` unless the
         tiles have 16-row micro-tiles, and C padded to the kernel's 32-channel boxes less than 4/3
@@ -139,30 +138,33 @@ class ImplicitGemm(Family):
         keeps the cp.async kernel, which needs no workspace: the gathered TMA kernel (``tma=True``)
         ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
         (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
-        if compute_capability(arch) < 90 or not spec.layout.channels_last or not tma_suits(spec) or not (
+        device = as_device(device)
+        portable = self.default_tiles(spec, device=device)
+        if device.capability < 90 or not spec.layout.channels_last or not tma_suits(spec) or not (
                 spec.k % 64 == 0 or spec.k == 32):
-            return gemm.for_arch(self.default_tiles(spec), arch)
-        tiles = self.tma_tiles(spec)
+            return portable
+        tiles = self.tma_tiles(spec, device=device)
         gemm_k = index.gemm_sizes(self.algebra(spec))[2]
         boxed_c = -(-spec.c // tiles.block_k) * tiles.block_k
         if gemm.pads_by_a_third(boxed_c, spec.c) or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
-            return self.default_tiles(spec)
-        count, blocks = self._tma_grid(spec, tiles)
-        if count > index.INT32_MAX:
-            return self.default_tiles(spec)
+            return portable
+        count, blocks = self._tma_grid(spec, tiles, device)
+        if not tma_counts_fit(spec, count, blocks):
+            return portable
         stream_k = takes_stream_k(tiles, count, blocks)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if stream_k else TMA_MIN_TILES_PER_SM
-        one_full_round = (stream_k and count >= SM_COUNT_HINT and gemm_k >= TMA_ONE_ROUND_MIN_GEMM_K
+        one_full_round = (stream_k and count >= device.sm_count and gemm_k >= TMA_ONE_ROUND_MIN_GEMM_K
                           and tiles.block_m == tma_full_block_m(tiles.thread_m, tiles.block_n))
-        return tiles if count >= least * SM_COUNT_HINT or one_full_round else self.default_tiles(spec)
+        return tiles if count >= least * device.sm_count or one_full_round else portable
 
-    def tiles_within(self, spec: ConvSpec, limit: int) -> gemm.GemmTiles:
+    def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> gemm.GemmTiles:
         """The portable cp.async kernel, which needs no workspace (the TMA kernel's is its
         transposed filter)."""
-        return self.default_tiles(spec)
+        return self.default_tiles(spec, device=device)
 
-    def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None) -> gemm.GemmTiles:
-        """The TMA kernel's tiles (docs/perf.md, GEMM v11 and v15), 128 output channels wide above
+    def tma_tiles(self, spec: ConvSpec, thread_m: int | None = None,
+                  device: Device | str | None = None) -> gemm.GemmTiles:
+        """The TMA kernel's tiles (docs/perf-history.md, GEMM v11 and v15), 128 output channels wide above
         64 channels, else 64.  16-row micro-tiles (8 consumer warps of 64x64: 256x128 or 512x64
         tiles) where K is a multiple of 64 and they give at least ``TMA_MIN_TILES_PER_SM`` tiles
         per SM: on the H100 they ran 1-4 % faster than 8x8 with the same register split (fewer
@@ -170,40 +172,42 @@ class ImplicitGemm(Family):
         at K = 32, where the unrolled 8x8 loop drops the idle half's FMAs.  Otherwise 8x8
         micro-tiles: 128x128, or 256x64, halved along M while the grid has fewer tiles than SMs.
         As many stages as shared memory holds, up to ``TMA_STAGES``.  ``thread_m`` asks for one
-        micro-tile."""
+        micro-tile; SM counts and shared memory are ``device``'s (the H100 by default)."""
+        device = as_device(device)
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         block_n = 128 if gemm_n > 64 else 64
         if thread_m is None:
             wide_m = tma_full_block_m(16, block_n)
-            enough = gemm.tile_count(gemm_m, gemm_n, wide_m, block_n) >= TMA_MIN_TILES_PER_SM * SM_COUNT_HINT
+            enough = gemm.tile_count(gemm_m, gemm_n, wide_m, block_n) >= TMA_MIN_TILES_PER_SM * device.sm_count
             thread_m = 16 if enough and gemm_n % 64 == 0 else 8
         block_m = tma_full_block_m(thread_m, block_n)
-        while thread_m == 8 and block_m > 32 and gemm.tile_count(gemm_m, gemm_n, block_m, block_n) < SM_COUNT_HINT:
+        while thread_m == 8 and block_m > 32 and gemm.tile_count(gemm_m, gemm_n, block_m, block_n) < device.sm_count:
             block_m //= 2
         tiles = gemm.GemmTiles(block_m=block_m, block_n=block_n, warp_m=4 * thread_m, thread_m=thread_m, stages=2,
                                tma=True, **gemm.TMA_FIXED)
         for stages in range(TMA_STAGES, 2, -1):
             candidate = gemm.GemmTiles(**{**tiles.to_dict(), "stages": stages})
-            if gemm.tma_shared_bytes(candidate) <= gemm.DYNAMIC_SHARED_LIMIT:
+            if gemm.tma_shared_bytes(candidate) <= device.shared_per_block:
                 return candidate
         return tiles
 
-    def complete_tiles(self, spec: ConvSpec, requested: dict) -> gemm.GemmTiles:
+    def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> gemm.GemmTiles:
         """Unset tiles come from the TMA kernel's heuristic when ``tma`` is asked for, else as
         ``gemm.complete`` fills them."""
-        base = self.tma_tiles(spec) if requested.get("tma") else self.default_tiles(spec)
+        base = self.tma_tiles(spec, device=device) if requested.get("tma") else self.default_tiles(spec, device=device)
         return gemm.GemmTiles.from_dict(gemm.complete(base.to_dict(), requested))
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """The GEMM core's space, plus the TMA kernel's tiles (8x8 and 16x8 micro-tiles, block_m
         64-512, block_n 64-256 but no wider than the channels need, 3-6 stages that fit) where the
         spec suits it and its transposed filter fits ``workspace_limit``."""
-        return gemm.tuning_space(spec, image_vector_ok(spec)) + self._tma_space(spec, workspace_limit)
+        return gemm.tuning_space(spec, image_vector_ok(spec), present()) + self._tma_space(spec, workspace_limit)
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """The GEMM core's seeds, plus the TMA heuristic where the spec suits it and the limit allows."""
         seeds = gemm.tuning_seeds(spec)
-        return seeds + ([self.tma_tiles(spec).to_dict()] if self._tma_within(spec, workspace_limit) else [])
+        return seeds + ([self.tma_tiles(spec, device=present()).to_dict()] if self._tma_within(spec, workspace_limit)
+                        else [])
 
     def _tma_within(self, spec: ConvSpec, workspace_limit: int | None) -> bool:
         """Whether the TMA kernel takes ``spec`` and its workspace (the transposed filter, whatever
@@ -219,7 +223,7 @@ class ImplicitGemm(Family):
         widest = max(64, -(-spec.k // 64) * 64)
         space = []
         for thread_m in gemm.TMA_THREAD_ROWS:
-            base = self.tma_tiles(spec, thread_m).to_dict()
+            base = self.tma_tiles(spec, thread_m, present()).to_dict()
             for block_m in (64, 128, 256, 512):
                 for block_n in (b for b in (64, 128, 256) if b <= widest):
                     for stages in (3, 4, 5, 6):
@@ -231,9 +235,9 @@ class ImplicitGemm(Family):
                         space.append(tiles.to_dict())
         return space
 
-    def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
+    def plan(self, spec: ConvSpec, tiles: gemm.GemmTiles, device: Device | str | None = None) -> KernelPlan:
         if tiles.tma:
-            return self._tma_plan(spec, tiles)
+            return self._tma_plan(spec, tiles, as_device(device))
         alg = self.algebra(spec)
         terms = index.gemm_terms(alg, "image")
         vector = image_vector_ok(spec)
@@ -253,14 +257,14 @@ class ImplicitGemm(Family):
         return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, zero_output=context["splits"] > 1,
                           **gemm.async_copy_arch(tiles))
 
-    def _tma_grid(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> tuple[int, int]:
-        """The TMA kernel's CTA tiles and its persistent blocks: every SM times the blocks that fit
-        on one, or fewer when there are fewer tiles."""
+    def _tma_grid(self, spec: ConvSpec, tiles: gemm.GemmTiles, device: Device) -> tuple[int, int]:
+        """The TMA kernel's CTA tiles and its persistent blocks: every SM of ``device`` times the
+        blocks that fit on one, or fewer when there are fewer tiles."""
         gemm_m, gemm_n, _ = index.gemm_sizes(self.algebra(spec))
         count = gemm.tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n)
-        return count, min(count, SM_COUNT_HINT * tma_resident_blocks(tiles))
+        return count, min(count, device.sm_count * tma_resident_blocks(tiles, device))
 
-    def _tma_plan(self, spec: ConvSpec, tiles: gemm.GemmTiles) -> KernelPlan:
+    def _tma_plan(self, spec: ConvSpec, tiles: gemm.GemmTiles, device: Device) -> KernelPlan:
         """The filter transposed into the workspace, with stream-K the shared tiles zeroed, then
         the persistent TMA kernel (``_tma_grid``)."""
         check_tma_spec(spec)
@@ -285,10 +289,11 @@ class ImplicitGemm(Family):
             vector_store = math.prod(alg.out_size) % 4 == 0
         m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
         shared = gemm.tma_shared_bytes(tiles)
-        count, blocks = self._tma_grid(spec, tiles)
-        if count > index.INT32_MAX:
-            raise SpecError("tiles.block_m", tiles.block_m, f"gives the TMA kernel {count} output tiles, which it "
-                            f"counts in 32 bits (at most {index.INT32_MAX}); use larger tiles or tma=False")
+        count, blocks = self._tma_grid(spec, tiles, device)
+        if not tma_counts_fit(spec, count, blocks):
+            raise SpecError("tiles.block_m", tiles.block_m, f"gives the TMA kernel {count} output tiles of "
+                            f"{tma_slices(spec)} k-slices, whose steps it counts in 32 bits (at most "
+                            f"{index.INT32_MAX}); use larger tiles or tma=False")
         name = kernel_name(self.name, "tma", spec, tiles)
         slices = alg.taps * -(-spec.c // block_k)
         stream_k = takes_stream_k(tiles, count, blocks)
@@ -298,8 +303,9 @@ class ImplicitGemm(Family):
         launches = (
             Launch(f"{name}_filter", (grid_for(transposed["elements"], TRANSPOSE_THREADS), 1, 1),
                    (TRANSPOSE_THREADS, 1, 1), args=("w", "wt")),
-            *((Launch(f"{name}_zero", (blocks - 1, 1, 1), (TRANSPOSE_THREADS, 1, 1), args=("y",)),) if split else ()),
-            *(Launch(kernel, (blocks, 1, 1), (tiles.threads, 1, 1), shared, **image)
+            *((Launch(f"{name}_zero", (blocks - 1, 1, 1), (TRANSPOSE_THREADS, 1, 1), args=("y",), persistent=True),)
+              if split else ()),
+            *(Launch(kernel, (blocks, 1, 1), (tiles.threads, 1, 1), shared, persistent=True, **image)
               for kernel in (name, tail_kernel) if kernel),
         )
         context = index.template_context(alg, max(launches[-1].threads, m_tiles * tiles.block_m), column_matrix=False)
@@ -314,7 +320,7 @@ class ImplicitGemm(Family):
             stages=tiles.stages, threads=tiles.threads,
             warps_m=tiles.block_m // tiles.warp_m, warps_n=tiles.block_n // tiles.warp_n,
             register_split=gemm.tma_register_split(tiles),
-            consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles), shared_bytes=shared,
+            consumers=tiles.consumer_warps, resident_blocks=tma_resident_blocks(tiles, device), shared_bytes=shared,
             alignment=gemm.TMA_ALIGNMENT, GEMM_M=gemm_m, GEMM_N=gemm_n, n_tiles=n_tiles,
             tiles_total=count, c_chunks=-(-spec.c // block_k), vector_store=vector_store,
             transpose={key: value for key, value in transposed.items() if key != "exprs"}, **a_context,
@@ -340,7 +346,7 @@ class ImplicitGemm(Family):
         the instruction's immediate offset.  So where C fills whole slices, a thread's pixels (at
         least two) come in ``gather_groups``, each addressed from its anchor pixel's base:
         - ``shared_row_address``: where pixels are contiguous and no tile crosses an image, one
-          address a channel serves all of a thread's pixels (docs/perf.md, GEMM v24);
+          address a channel serves all of a thread's pixels (docs/perf-history.md, GEMM v24);
         - else ``gather_pairs`` (``index.gather_terms``' ``pairs_in_rows``): a thread copies pixel
           pairs 2j, 2j + 1, which read elements ``pair_step`` apart; where ``pairs_aligned`` and
           the slice's tap allows (``gather_wide``), a pair is one 8-byte copy (GEMM v25).  Not
@@ -390,10 +396,21 @@ class ImplicitGemm(Family):
         return convolution_reference(spec, x, w)
 
 
-def tma_resident_blocks(tiles: gemm.GemmTiles) -> int:
-    """TMA blocks that fit on one SM, by shared memory and by registers (at least one)."""
-    return max(1, min(SHARED_PER_SM // (gemm.tma_shared_bytes(tiles) + BLOCK_RESERVED),
-                      gemm.REGISTER_FILE // (tiles.threads * gemm.TMA_REGISTERS)))
+def tma_resident_blocks(tiles: gemm.GemmTiles, device: Device) -> int:
+    """TMA blocks that fit on one SM of ``device``, by shared memory and by registers (at least one)."""
+    return max(1, min(device.shared_per_sm // (gemm.tma_shared_bytes(tiles) + BLOCK_RESERVED),
+                      device.registers_per_sm // (tiles.threads * gemm.TMA_REGISTERS)))
+
+
+def tma_slices(spec: ConvSpec) -> int:
+    """The TMA kernel's k-slices per output tile: every tap times C in 32-channel boxes."""
+    return math.prod(spec.filter_size) * -(-spec.c // gemm.TMA_FIXED["block_k"])
+
+
+def tma_counts_fit(spec: ConvSpec, count: int, blocks: int) -> bool:
+    """Whether the TMA kernel's 32-bit counters hold its tiles and steps (tiles x slices, the
+    stream-K tail's positions) and a tile index advanced by one grid of persistent blocks."""
+    return count * tma_slices(spec) <= index.INT32_MAX and count + blocks <= index.INT32_MAX
 
 
 def round_loss(tiles: int, blocks: int) -> float:
@@ -405,7 +422,7 @@ STREAM_K_16X8_MIN_LOSS = 0.02
 STREAM_K_16X8_MAX_TAIL = 0.1
 """The 16x8 kernels stream their tail only where whole tiles idle at least this share of the
 block-time and the tail is at most this share of the tiles: its loop, in a launch of its own,
-runs slower than the whole-tile loop (docs/perf.md, GEMM v16)."""
+runs slower than the whole-tile loop (docs/perf-history.md, GEMM v16)."""
 
 
 def tma_full_block_m(thread_m: int, block_n: int) -> int:
@@ -418,7 +435,7 @@ def tma_full_block_m(thread_m: int, block_n: int) -> int:
 
 def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
     """Stream-K for 8x8 micro-tiles whose last round leaves any block idle.  Measured on the H100
-    against whole tiles (docs/perf.md, GEMM v16): conv5 +15 %, conv6 +28 %, conv10 +14 %,
+    against whole tiles (docs/perf-history.md, GEMM v16): conv5 +15 %, conv6 +28 %, conv10 +14 %,
     conv11 +34 %, c3d_conv3 and unet3d_l1 +2-3 % (where whole tiles idle 1 % and 3 %).  For 16x8
     micro-tiles, whose FMA loop is sensitive to ptxas' register allocation, with the tail in its
     own launch (``tail_in_own_launch``) and only within the ``STREAM_K_16X8_*`` bounds: conv4 +1.2 %
@@ -434,7 +451,7 @@ def takes_stream_k(tiles: gemm.GemmTiles, count: int, blocks: int) -> bool:
 def tail_in_own_launch(tiles: gemm.GemmTiles) -> bool:
     """Whether a stream-K tail runs in a second launch of the kernel after its rounds of whole
     tiles: for the 16x8 kernels, whose whole-tile loop ptxas allocated worse beside the tail's loop
-    in one kernel (conv8 10 % slower: docs/perf.md, GEMM v16).  The 8x8 kernels keep one launch."""
+    in one kernel (conv8 10 % slower: docs/perf-history.md, GEMM v16).  The 8x8 kernels keep one launch."""
     return tiles.thread_m == 16
 
 
@@ -443,7 +460,7 @@ def data_parallel_rounds(tiles: int, blocks: int) -> int:
     tail: all of them when the tiles fill every round, else all but the last full one, so that
     the tail (the partly filled wave plus one full wave) is shared out in equal steps, as
     CUTLASS's data-parallel + stream-K hybrid does (stream-K over every tile measured about the
-    same: docs/perf.md, GEMM v15)."""
+    same: docs/perf-history.md, GEMM v15)."""
     if tiles % blocks == 0:
         return tiles // blocks
     return max(0, tiles // blocks - 1)
@@ -463,18 +480,19 @@ def shared_tiles(tiles: int, slices: int, blocks: int) -> set[int]:
     return {begin // slices for begin in begins if begin % slices}
 
 
-def gather_pays(spec: ConvSpec) -> bool:
+def gather_pays(spec: ConvSpec, device: Device | str | None = None) -> bool:
     """Whether the TMA kernel's gathered A tile pays on channels-first data (the catalogue ships
     its file for these layers; ``tma=True`` asks for it): full 32-channel slices (a C = 3 image
     would fill 3 of each slice's 32 rows), K other than 64, and ``TMA_MIN_GATHER_TILES_PER_SM``
     tiles per SM.  At K = 64 the output-channel tile is 64 wide, so the producer warps gather twice
     the pixels per FMA that they do at 128, and the cp.async kernel stayed ahead (conv4 0.97x, conv9
     0.93x NCHW); at K = 32 the cp.async kernel's own tiles are thin and the TMA kernel won
-    (unet3d_l1 1.14x; docs/perf.md, GEMM v17)."""
+    (unet3d_l1 1.14x; docs/perf-history.md, GEMM v17)."""
     if spec.c % 32 or spec.k == 64 or not tma_suits(spec):
         return False
-    count, _ = FAMILY._tma_grid(spec, FAMILY.tma_tiles(spec))
-    return count >= TMA_MIN_GATHER_TILES_PER_SM * SM_COUNT_HINT
+    device = as_device(device)
+    count, _ = FAMILY._tma_grid(spec, FAMILY.tma_tiles(spec, device=device), device)
+    return count >= TMA_MIN_GATHER_TILES_PER_SM * device.sm_count
 
 
 def tma_suits(spec: ConvSpec) -> bool:
@@ -491,7 +509,7 @@ def check_tma_spec(spec: ConvSpec) -> None:
     16-byte pixel strides, strides up to 8, and corners (-p and p - d*(f - 1)) in the 8-bit (2D)
     or 5-bit (3D) range the map encodes.  A channels-first image is gathered by the producer
     warps instead, which takes every spec."""
-    slices = math.prod(spec.filter_size) * -(-spec.c // gemm.TMA_FIXED["block_k"])
+    slices = tma_slices(spec)
     if slices > gemm.TABLE_MAX_ROWS:
         raise SpecError("c", spec.c, f"gives the TMA kernel {slices} k-slices (taps x C/32), whose offsets it "
                         f"tabulates; at most {gemm.TABLE_MAX_ROWS} (tma=True): use tma=False")
