@@ -18,7 +18,7 @@ import sympy
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.numpy import NumPyPrinter
 
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, SpecError
 
 INT32_MAX = 2**31 - 1
 
@@ -463,8 +463,13 @@ def template_context(alg: IndexAlgebra, padded_threads: int, column_matrix: bool
     }
 
 
+WINDOW_LIMIT = 255
+"""The longest register window a thread may walk along one axis (the registers a thread has): the
+register-tiled kernels unroll it, so past this the source would grow with the filter's extent."""
+
+
 def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[int, int] = (1, 1),
-               align: int = 1) -> dict:
+               align: int = 1, windows: bool = False) -> dict:
     """Spatial tiling of the last two axes (H, W) for the tiled direct kernels.
 
     With tile index ``tile<j>`` and a thread's local output ``l<j>`` on axis j: the tile's first
@@ -489,8 +494,17 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[i
         halo_origin = algebra.in_coord[j].subs({algebra.o[j]: first_output, algebra.k[j]: 0})
         local_input = sympy.expand(algebra.in_coord[j].subs(algebra.o[j], first_output + local) - halo_origin)
         extent = (per - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1
-        read = {(v, k): int(local_input.subs({local: v, algebra.k[j]: k}))
-                for v in range(per) for k in range(spec.filter_size[j])}
+        window_taps = None
+        if windows:
+            if extent > WINDOW_LIMIT:
+                raise SpecError("filter_size", spec.filter_size, f"gives the register tile a window of {extent} inputs "
+                                f"along axis {j} ({per} outputs a thread, stride {spec.stride[j]}, dilation "
+                                f"{spec.dilation[j]}), more than the {WINDOW_LIMIT} registers of a thread; use "
+                                "variant tiled_halo, tiled_cache or basic")
+            window_taps = [[] for _ in range(extent)]
+            for v in range(per):
+                for k in range(spec.filter_size[j]):
+                    window_taps[int(local_input.subs({local: v, algebra.k[j]: k}))].append((v, k))
         lead = int(halo_origin.subs(tile_index, 0)) % align if position == 1 else 0
         axes.append({
             "axis": j,
@@ -506,7 +520,7 @@ def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[i
             "window_start": to_c(sympy.expand(local_input.subs({local: local * per, algebra.k[j]: 0}))),
             "window_index": to_c(local_input.subs(local, _sym("uv"[position]))),
             "window_extent": extent,
-            "window_taps": [[pair for pair, element in read.items() if element == e] for e in range(extent)],
+            "window_taps": window_taps,
         })
     plane = _sym("plane")
     inner = spec.filter_size[-2:]
@@ -747,7 +761,7 @@ def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> d
     of ``pitch_multiple`` (TMA row strides must be multiples of 16 bytes), as a TMA tensor of
     ``dims`` (innermost first) with ``byte_strides``: read along output
     channels, a k-step's B fragment is four adjacent channels, so a micro-tile's accumulators
-    each meet a B register of one parity (see docs/perf.md, GEMM v11).  One thread per filter
+    each meet a B register of one parity (see docs/perf-history.md, GEMM v11).  One thread per filter
     element ``t``, output channels fastest so that the writes coalesce."""
     spec = algebra.spec
     k_pitch = -(-spec.k // pitch_multiple) * pitch_multiple

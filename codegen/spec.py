@@ -246,8 +246,14 @@ class ConvSpec:
 
 def _check_totals(n: int, c: int, k: int, pitch: int, input_size: tuple[int, ...], filter_size: tuple[int, ...],
                   stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]) -> None:
-    """Refuse a spec whose tensors could not be addressed with 64-bit byte offsets, or whose
-    reduction (C x taps) a 32-bit loop counter could not count, naming the field that drives it."""
+    """Refuse a spec whose tensors could not be addressed with 64-bit byte offsets, whose reduction
+    (C x taps) a 32-bit loop counter could not count, or whose padded extent along an axis passes
+    32 bits (the kernels' per-axis coordinates, o*s - p + k*d, stay within it), naming the field
+    that drives it."""
+    for j, (size, p) in enumerate(zip(input_size, padding)):
+        if size + 2 * p > SIZE_MAX:
+            raise SpecError(f"padding[{j}]" if 2 * p > size else f"input_size[{j}]", p if 2 * p > size else size,
+                            f"makes the padded extent {size} + 2*{p} pass {SIZE_MAX} (coordinates are 32-bit)")
     taps = math.prod(filter_size)
     if taps > SIZE_MAX:
         raise SpecError("filter_size", filter_size, f"has {taps} taps; at most {SIZE_MAX} (the kernels count taps "
@@ -256,7 +262,8 @@ def _check_totals(n: int, c: int, k: int, pitch: int, input_size: tuple[int, ...
         raise SpecError("c", c, f"makes the reduction C x taps = {c} x {taps} = {c * taps}; at most {SIZE_MAX} "
                         "(the kernels count it in 32 bits, as cuDNN does)")
     output = output_extents(input_size, filter_size, stride, padding, dilation)
-    tensors = (("input", n * math.prod(input_size) * pitch, {"n": n, "input_size": input_size, "c": pitch}),
+    channels = "dpitch" if pitch != c else "c"
+    tensors = (("input", n * math.prod(input_size) * pitch, {"n": n, "input_size": input_size, channels: pitch}),
                ("output", n * k * math.prod(output), {"n": n, "k": k, "input_size": input_size}),
                ("filter", k * c * taps, {"k": k, "c": c, "filter_size": filter_size}))
     for tensor, elements, fields in tensors:

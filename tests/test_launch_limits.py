@@ -224,7 +224,7 @@ def test_shared_memory_past_the_targets_per_block_limit_is_refused_before_compil
     assert err.value.field == "arch" and "at most 101376" in str(err.value)
 
 
-@pytest.mark.parametrize("name", ['a b; system("rm")', "int", "1abc", "", "class", "__x", "_X", "main", "convgen_min", "convgen_encode_map",
+@pytest.mark.parametrize("name", ['a b; system("rm")', "int", "1abc", "", "class", "__x", "_X", "main", "convgen_min", "x", "col", "stream", "printf", "memcpy", "cudaMalloc",
                                   "x-y", "café", 7])
 def test_a_launcher_name_must_be_a_free_c_identifier(name, tmp_path):
     spec = ConvSpec(dims=2, layout="NCHW", n=2, c=4, k=8, input_size=(16, 16), filter_size=3)
@@ -243,3 +243,64 @@ def test_api_entry_points_refuse_wrong_argument_types_with_a_sentence():
     assert err.value.field == "family"
     with pytest.raises(TypeError, match="emit's path must be a file path"):
         emit("im2col", spec, None)
+
+
+def test_a_workspace_limit_keeps_the_old_targets_register_staging(cache_dir):
+    """Tiles held under a workspace limit are chosen for the target too (cp.async only from sm_80)."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=8, c=16, k=16, input_size=(32, 32), filter_size=3, padding=1)
+    need = plan("im2win", spec, arch="sm_75").workspace_bytes
+    kernel = build("im2win", spec, arch="sm_75", workspace_limit=need // 4)
+    assert not kernel.plan.tiles.async_copy and kernel.plan.workspace_bytes <= need // 4
+
+
+def test_the_tma_kernels_step_counters_are_proved_to_fit_32_bits():
+    """Tiles x k-slices are the stream-K tail's positions, counted in int: a spec whose steps pass
+    2^31 is refused for tma=True and the heuristic takes the cp.async kernel."""
+    spec = ConvSpec(dims=2, layout="NHWC", n=8, c=4096, k=4096, input_size=(448, 448), filter_size=7, padding=3)
+    tiles = {"tma": True, "thread_m": 8, "warp_m": 32, "block_m": 128, "block_n": 128}
+    with pytest.raises(SpecError) as err:
+        plan("implicit_gemm", spec, tiles)
+    assert err.value.field == "tiles.block_m" and "32 bits" in str(err.value)
+    assert plan("implicit_gemm", spec, target="h100").variant == "tma"      # its own 256 x 128 tiles fit
+    doubled = ConvSpec(dims=2, layout="NHWC", n=16, c=4096, k=4096, input_size=(448, 448), filter_size=7, padding=3)
+    assert not get_family("implicit_gemm").heuristic_tiles(doubled, "sm_90").tma
+
+
+@pytest.mark.parametrize("fields, family, field", [
+    (dict(layout="NCHW", n=1, c=1, k=1, input_size=(65536, 65536), filter_size=1), "im2col_gemm", "input_size"),
+    (dict(layout="NCHW", n=4, c=1, k=1, input_size=(40000, 40000), filter_size=1), "im2col_gemm",
+     "tiles.batch_chunk"),
+])
+def test_im2col_gemm_refuses_what_cublas_32_bit_sizes_cannot_count(fields, family, field):
+    spec = ConvSpec(dims=2, **fields)
+    tiles = {"batch_chunk": 4} if field == "tiles.batch_chunk" else None
+    with pytest.raises(SpecError) as err:
+        plan(family, spec, tiles)
+    assert err.value.field == field
+    if tiles:
+        assert plan(family, spec).tiles.batch_chunk == 1     # the heuristic's chunk fits
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(input_size=(2**31 - 2, 8), padding=(1, 0)), "input_size[0]"),
+    (dict(input_size=(8, 8), padding=(2**30, 0)), "padding[0]"),
+    (dict(layout="NHWC", c=1, dpitch=2**31 - 1, n=2**31 - 2, input_size=(1, 1), filter_size=1), "dpitch"),
+])
+def test_padded_extents_and_pitched_tensors_are_refused_by_the_field_that_drives_them(fields, field):
+    base = dict(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8, 8), filter_size=1)
+    with pytest.raises(SpecError) as err:
+        ConvSpec(**{**base, **fields})
+    assert err.value.field == field
+
+
+def test_a_register_window_past_a_threads_registers_is_refused_quickly():
+    """The register tile unrolls its window: a filter spanning thousands of inputs is refused by
+    name, and the cache and halo variants plan such filters in a second (the window lists are only
+    made where used)."""
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8, 40000), filter_size=(1, 20000))
+    with pytest.raises(SpecError) as err:
+        plan("direct", spec, {"variant": "tiled_register"})
+    assert err.value.field == "filter_size"
+    start = time.perf_counter()
+    plan("direct", spec, {"variant": "tiled_cache"})
+    assert time.perf_counter() - start < 5.0
