@@ -301,7 +301,7 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
 def check_box_start(buffer: str, innermost: int) -> None:
     """TMA's rule for the innermost coordinate of a copy: a multiple of 16 bytes (4 floats).  The
     driver cannot check it when it encodes a map, since it is the kernel that names coordinates;
-    on the H100 a copy from column -1 stopped the kernel with an illegal instruction (docs/perf.md,
+    on the H100 a copy from column -1 stopped the kernel with an illegal instruction (docs/perf-history.md,
     direct v8 and GEMM v23).  The CPU models hold every copy they make to it."""
     if innermost % 4:
         raise AssertionError(f"TMA copy of {buffer} from innermost coordinate {innermost}: not 16-byte aligned")

@@ -1,4 +1,4 @@
-"""im2win held to cuDNN's extra memory by a smaller batch chunk, and what that costs (docs/perf.md,
+"""im2win held to cuDNN's extra memory by a smaller batch chunk, and what that costs (docs/perf-history.md,
 GEMM v26).
 
 Issue 4 asks for im2win's extra memory at or below cuDNN fp32's on every layer.  im2win's

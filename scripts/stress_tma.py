@@ -4,7 +4,7 @@ layers, every launch checked against cuDNN fp32.
 When to use it: after a change to a TMA kernel (the implicit GEMM's sm_90 kernel, the direct
 family's tiled_tma) or to the barriers of its pipeline, before trusting its timings; gpu_tier.sh
 runs it as its stress-tma step.  A stage-release race shows up as a few output tiles wrong in some
-runs and in different places each time (docs/perf.md, GEMM v17 and v18): the property tests' small
+runs and in different places each time (docs/perf-history.md, GEMM v17 and v18): the property tests' small
 specs and single launches rarely meet it, the benchmark layers did.
 
 What it runs: the implicit GEMM on every layer its TMA kernel takes, in both layouts (channels-

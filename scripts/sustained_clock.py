@@ -2,7 +2,7 @@
 back-to-back launches, next to the short bursts that ``convgen bench conv`` times.
 
 When to use it: to tell a kernel's speed from the card's power state, before comparing figures
-near 50 TFLOP/s across runs or cards (docs/perf.md, GEMM v26).  ``convgen bench conv`` times each
+near 50 TFLOP/s across runs or cards (docs/perf-history.md, GEMM v26).  ``convgen bench conv`` times each
 kernel in short bursts (10 calls, each behind a sync), during which the H100 keeps its 1980 MHz
 clock.  Run back to back for seconds, the kernels near 50 TFLOP/s draw the card's whole 700 W
 power limit and the clock falls.

@@ -144,7 +144,7 @@ SPILL_FREE = ("implicit_gemm", "im2win", "im2col_gemm")
 """Families whose kernels must not spill on any spec (the GEMM families: their register tiles are
 sized to the register file).  On the others the sweep has found ptxas spilling a few bytes on
 odd small specs (direct tiled_cache 4 B, col2im gather 16 B: loop-invariant tests hoisted out of
-the channel loop), listed in docs/perf.md and not fixed; there it checks warnings only."""
+the channel loop), listed in docs/perf-history.md (GEMM v13) and not fixed; there it checks warnings only."""
 
 
 def _compiles_clean(choice, spec):
@@ -302,7 +302,7 @@ def test_gemm_heuristic_tiles_are_valid_and_load_a_along_pixels(spec):
 
 
 def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
-    """The tiles measured fastest on conv1 (docs/perf.md v9): 128x96x16, 128 threads of 8x12."""
+    """The tiles measured fastest on conv1 (docs/perf-history.md, GEMM v9): 128x96x16, 128 threads of 8x12."""
     from codegen.families import get_family
 
     spec = ConvSpec(dims=2, layout="NCHW", n=128, c=3, k=96, input_size=(227, 227), filter_size=11, stride=4)
@@ -314,7 +314,7 @@ def test_gemm_heuristic_on_conv1_is_128_threads_of_8x12():
 @pytest.mark.parametrize("k, block_n", [(16, 32), (32, 32), (33, 48), (40, 48), (48, 48), (49, 64), (96, 96),
                                         (128, 128), (129, 48), (144, 48), (145, 64), (192, 64), (288, 64)])
 def test_gemm_heuristic_takes_48_wide_tiles_only_where_64_wide_ones_pad_a_third(k, block_n):
-    """The channel tile (docs/perf.md GEMM v28): 48 wide, as 4x12 micro-tiles, where the usual
+    """The channel tile (docs/perf-history.md GEMM v28): 48 wide, as 4x12 micro-tiles, where the usual
     tile pads K by at least 4/3 of what 48-wide tiles pad it to (K = 40, 48, 144 ran 1.26-1.45x
     faster), never where K fills the usual tiles (0.59-1.01x there)."""
     from codegen.families.gemm import heuristic
@@ -377,7 +377,7 @@ def test_register_split_kernels_compile_for_the_arch_specific_target(cache_dir):
 
 def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_faster(cache_dir):
     """On sm_90 the TMA kernel for the ten channels-last layers where it ran 1.09-1.76x the
-    cp.async kernel on the H100 (docs/perf.md v14, v15; conv6 and conv11 with stream-K), the
+    cp.async kernel on the H100 (docs/perf-history.md, GEMM v14, v15; conv6 and conv11 with stream-K), the
     cp.async kernel for the two where it lost (fewer than 2 tiles per SM) and for a K that leaves
     its tiles part idle; an sm_80 target and channels-first data never take it (the gathered
     kernel's workspace would pass cuDNN's extra memory there; v17).  Stream-K for the 8x8 kernels whose last round is not full (v16), and for the

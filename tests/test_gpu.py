@@ -509,7 +509,7 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
 def test_heuristic_takes_the_tma_kernel_on_sm_90_and_it_is_right():
     """build(spec) without tiles on a channels-last spec of 563 tiles with K = 32 (the TMA tile's
     idle half that the compiler drops), a channel tail (100 channels: 4 in the last box), a padded
-    pitch, padding and dilation: the TMA kernel on sm_90 and newer (docs/perf.md v14, v30), the
+    pitch, padding and dilation: the TMA kernel on sm_90 and newer (docs/perf-history.md, GEMM v14, v30), the
     cp.async kernel before; against the float64 reference (NaN-poisoned) and F.conv2d."""
     from codegen.api import build
     from codegen.compile import compute_capability, device_arch

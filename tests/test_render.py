@@ -122,7 +122,7 @@ def test_two_template_directories_render_side_by_side(tmp_path):
 def test_block_wide_pixel_loader_reads_the_row_table_at_constant_rows(block_m, thread_m, uniform):
     """Where one thread per pixel loads every row of the slice (128 threads, 128 pixels), the k
     slots are constants, so the table index is the same in every thread (a uniform load, 1-2 %
-    faster: docs/perf.md v19); with 64 pixels and 128 threads each thread takes every other row
+    faster: docs/perf-history.md, GEMM v19); with 64 pixels and 128 threads each thread takes every other row
     and the slot depends on the thread."""
     spec = ConvSpec(dims=2, layout="NCHW", n=2, c=8, k=64, input_size=(12, 12), filter_size=3)
     tiles = {"block_m": block_m, "block_n": 64, "block_k": 16, "warp_m": 32, "warp_n": 64 * thread_m // 8,

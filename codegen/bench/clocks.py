@@ -1,7 +1,7 @@
 """The GPU's SM clock, power draw and clock-limiting reasons, sampled while a benchmark runs.
 
 Near 50 TFLOP/s of fp32 FMAs an H100 SXM draws its whole 700 W power limit and lowers its SM
-clock from 1980 MHz to 1905-1965 MHz (docs/perf.md, GEMM v26): a figure then depends on the
+clock from 1980 MHz to 1905-1965 MHz (docs/perf-history.md, GEMM v26): a figure then depends on the
 card's power and thermal state as well as on the kernel, so the benchmark reports the clock each
 layer ran at next to its time.  Sampling goes through ``nvidia-smi`` (as ``nvidia-smi -lms``
 does for a person watching), so that no extra package is needed; where it is missing, or cannot
