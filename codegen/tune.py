@@ -241,14 +241,15 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
     the heuristic held to it (``build(..., workspace_limit=)``'s choice), and record the winner
     for builds under the same limit."""
     from codegen.api import check_workspace_limit
-    from codegen.compile import resolve_arch
+    from codegen.device import resolve
     from codegen.families import get_family
 
     fam = get_family(family)
     check_workspace_limit(workspace_limit)
-    heuristic_tiles = fam.heuristic_tiles(spec, resolve_arch(None))
-    if workspace_limit is not None and fam.plan(spec, heuristic_tiles).workspace_bytes > workspace_limit:
-        heuristic_tiles = fam.tiles_within(spec, workspace_limit)
+    here = resolve(None, None)
+    heuristic_tiles = fam.heuristic_tiles(spec, here)
+    if workspace_limit is not None and fam.plan(spec, heuristic_tiles, here).workspace_bytes > workspace_limit:
+        heuristic_tiles = fam.tiles_within(spec, workspace_limit, here)
     first = heuristic_tiles.to_dict()
     space = (fam.tuning_space(spec, workspace_limit) if only is None
              else [first] + [dict(c) for c in only if c != first])

@@ -68,7 +68,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
     import torch
 
     from codegen.api import build
-    from codegen.compile import resolve_arch
+    from codegen.device import resolve as resolve_device
     from codegen.families import get_family, im2win, implicit_gemm
     from codegen.tuning_db import tuned_tiles
     from codegen.families.gemm import flops as gemm_flops
@@ -85,8 +85,8 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
               "cudnn_extra_bytes": cudnn_extra, "cudnn_kernels": cudnn_kernels,
               "cudnn_algorithm": cudnn_algorithm(cudnn_kernels)}
     timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
-    arch = resolve_arch(None)
-    built_by_default = {family: get_family(family).heuristic_tiles(spec, arch).to_dict()
+    here = resolve_device(None, None)
+    built_by_default = {family: get_family(family).heuristic_tiles(spec, here).to_dict()
                         for family in families if family != "direct"}
 
     def prepare(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
