@@ -15,9 +15,9 @@ from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, SpecError
-from codegen.device import Device
+from codegen.device import Device, max_shared_per_block
 from codegen.device import resolve as resolve_device
-from codegen.tiles import STATIC_SHARED_LIMIT, Tiles, max_shared_per_block
+from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
 from codegen.tuning_db import tuned_or_heuristic
 
 

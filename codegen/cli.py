@@ -12,8 +12,6 @@ from codegen.bench import CONV_FAMILIES
 from codegen.device import TARGETS
 from codegen.spec import ConvSpec, SpecError
 
-TARGET_NAMES = tuple(TARGETS)
-
 EPILOG = """\
 examples:
   convgen demo                                      generate, compile, emit (and on a GPU run and check) the default spec
@@ -469,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "else sm_90)")
     for command in (generate_cmd, emit_cmd, compile_cmd):
         command.add_argument("--target", metavar="CARD", help="the card the tiles are chosen for, on a machine "
-                             f"without it: {', '.join(TARGET_NAMES)}, or CARD,FIELD=N,... to change its numbers "
+                             f"without it: {', '.join(TARGETS)}, or CARD,FIELD=N,... to change its numbers "
                              "(e.g. h100,sm_count=114); default: this machine's GPU, else the reference card of "
                              "--arch (sm_80: a100, sm_89: l40s, ...), else h100")
     family_command("run", "run on the GPU, check against the float64 reference, and time", cmd_run)

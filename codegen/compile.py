@@ -278,11 +278,13 @@ class KernelCache:
             self._disable_disk(err.strerror or str(err))
 
     def _scan(self) -> tuple[list[Path], list[Path], int]:
-        """The folder's convgen entries, convgen temporaries, and how many other things it holds.
+        """The folder's convgen entries, its other files of convgen's (temporaries and saved
+        sources: cleared, not counted), and how many other things it holds.
 
-        An entry is ``<64 lowercase hex>.cubin`` whose file starts with ``ENTRY_MAGIC``.  A temporary
-        is named as write_disk's mkstemp names them (``.tmp-`` and 8 characters) and either starts
-        with ``ENTRY_MAGIC`` (write_disk writes the whole blob in one call) or is empty and older than
+        An entry is ``<64 lowercase hex>.cubin`` whose file starts with ``ENTRY_MAGIC``; a saved
+        source ``<64 lowercase hex>.cu`` starting with ``SOURCE_MAGIC``.  A temporary is named as
+        write_disk's mkstemp names them (``.tmp-`` and 8 characters) and either starts with
+        ``ENTRY_MAGIC`` (write_disk writes the whole blob in one call) or is empty and older than
         ``STALE_TEMP_SECONDS`` (a writer killed between mkstemp and its write).  Anything else,
         symlinks and folders included, is not the cache's: it is neither counted nor removed.
         """

@@ -9,6 +9,7 @@ registers for resident blocks) instead of assuming the H100 the rules were measu
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from codegen.spec import SpecError
@@ -25,35 +26,44 @@ class Device:
     shared_per_block: int
     """The opt-in maximum of dynamic shared memory a block may have."""
     registers_per_sm: int = 65536
-    threads_per_sm: int = 2048
     l2_bytes: int = 0
 
     @property
     def capability(self) -> int:
         return int("".join(ch for ch in self.arch[3:] if ch.isdigit()))
 
-    def describe(self) -> str:
-        return (f"{self.name} ({self.arch}, {self.sm_count} SMs, {self.shared_per_block >> 10} KB shared a block, "
-                f"{self.l2_bytes >> 20} MB L2)")
-
 
 KB, MB = 1 << 10, 1 << 20
-TARGETS = {
-    "h100": Device("h100", "sm_90", 132, 228 * KB, 227 * KB, l2_bytes=50 * MB),
-    "h100-pcie": Device("h100-pcie", "sm_90", 114, 228 * KB, 227 * KB, l2_bytes=50 * MB),
-    "h200": Device("h200", "sm_90", 132, 228 * KB, 227 * KB, l2_bytes=50 * MB),
-    "b200": Device("b200", "sm_100", 148, 228 * KB, 227 * KB, l2_bytes=126 * MB),
-    "a100": Device("a100", "sm_80", 108, 164 * KB, 163 * KB, l2_bytes=40 * MB),
-    "a10": Device("a10", "sm_86", 72, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=6 * MB),
-    "rtx3090": Device("rtx3090", "sm_86", 82, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=6 * MB),
-    "l4": Device("l4", "sm_89", 58, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=48 * MB),
-    "l40s": Device("l40s", "sm_89", 142, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=96 * MB),
-    "rtx4090": Device("rtx4090", "sm_89", 128, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=72 * MB),
-    "rtx5090": Device("rtx5090", "sm_120", 170, 100 * KB, 99 * KB, threads_per_sm=1536, l2_bytes=96 * MB),
-    "t4": Device("t4", "sm_75", 40, 64 * KB, 64 * KB, threads_per_sm=1024, l2_bytes=4 * MB),
-}
-"""Named targets, from the vendors' specification sheets and the CUDA programming guide's table of
-technical specifications per compute capability."""
+SHARED_PER_BLOCK_OPT_IN = {75: 64 * KB, 80: 163 * KB, 86: 99 * KB, 87: 163 * KB, 88: 99 * KB, 89: 99 * KB,
+                           90: 227 * KB, 100: 227 * KB, 103: 227 * KB, 110: 227 * KB, 120: 99 * KB, 121: 99 * KB}
+"""Shared memory a block may opt into, per compute capability (the CUDA programming guide's table
+of technical specifications: the SM's shared memory less the 1 KB the driver reserves a block
+from sm_80 on)."""
+
+
+def max_shared_per_block(capability: int) -> int:
+    """The opt-in shared memory per block of ``capability``; for one newer than the table, the
+    smallest in it (a target it cannot name is not assumed to be large)."""
+    return SHARED_PER_BLOCK_OPT_IN.get(capability, min(SHARED_PER_BLOCK_OPT_IN.values()))
+
+
+def _shared_per_sm(capability: int) -> int:
+    return max_shared_per_block(capability) + (KB if capability >= 80 else 0)
+
+
+def _card(name: str, arch: str, sm_count: int, l2_megabytes: int) -> Device:
+    """A named card: its shared memory is its compute capability's."""
+    capability = int(arch[3:])
+    return Device(name, arch, sm_count, _shared_per_sm(capability), max_shared_per_block(capability),
+                  l2_bytes=l2_megabytes * MB)
+
+
+TARGETS = {card.name: card for card in (
+    _card("h100", "sm_90", 132, 50), _card("h100-pcie", "sm_90", 114, 50), _card("h200", "sm_90", 132, 50),
+    _card("b200", "sm_100", 148, 126), _card("a100", "sm_80", 108, 40), _card("a10", "sm_86", 72, 6),
+    _card("rtx3090", "sm_86", 82, 6), _card("l4", "sm_89", 58, 48), _card("l40s", "sm_89", 142, 96),
+    _card("rtx4090", "sm_89", 128, 72), _card("rtx5090", "sm_120", 170, 96), _card("t4", "sm_75", 40, 4))}
+"""Named targets: SM counts and L2 sizes from the vendors' specification sheets."""
 REFERENCE = TARGETS["h100"]
 """The card the heuristics' rules were measured on, and the description where none is given."""
 REFERENCE_BY_CAPABILITY = {90: "h100", 100: "b200", 80: "a100", 86: "a10", 89: "l40s", 120: "rtx5090", 75: "t4"}
@@ -70,14 +80,21 @@ def present() -> Device | None:
         return None
     import cupy
 
-    properties = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return _read(cupy.cuda.Device().id, arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _read(device_id: int, arch: str) -> Device:
+    """A device's properties, read once (every plan asks which card it is chosen for)."""
+    import cupy
+
+    properties = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = properties["name"]
     return Device(name.decode() if isinstance(name, bytes) else str(name), arch,
                   sm_count=properties["multiProcessorCount"],
                   shared_per_sm=properties["sharedMemPerMultiprocessor"],
                   shared_per_block=properties["sharedMemPerBlockOptin"],
                   registers_per_sm=properties["regsPerMultiprocessor"],
-                  threads_per_sm=properties["maxThreadsPerMultiProcessor"],
                   l2_bytes=properties["l2CacheSize"])
 
 
@@ -103,11 +120,14 @@ def named(text: str) -> Device:
 
 
 def for_arch(arch: str) -> Device:
-    """The description an architecture alone stands for: its reference card with that arch."""
+    """The description an architecture alone stands for: its reference card with that arch, and
+    that arch's shared memory (an sm_121 has 99 KB a block whichever card stands for it)."""
     from codegen.compile import compute_capability
 
-    reference = TARGETS[REFERENCE_BY_CAPABILITY.get(compute_capability(arch), "h100")]
-    return dataclasses.replace(reference, arch=arch)
+    capability = compute_capability(arch)
+    reference = TARGETS[REFERENCE_BY_CAPABILITY.get(capability, "h100")]
+    return dataclasses.replace(reference, arch=arch, shared_per_sm=_shared_per_sm(capability),
+                               shared_per_block=max_shared_per_block(capability))
 
 
 def resolve(target: Device | str | None, arch: str | None) -> Device:

@@ -15,11 +15,6 @@ MAX_THREADS_PER_BLOCK = 1024
 STATIC_SHARED_LIMIT = 48 * 1024
 DYNAMIC_SHARED_LIMIT = 227 * 1024
 """Opt-in dynamic shared memory per block on sm_90 (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
-SHARED_PER_BLOCK_OPT_IN = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 88: 99 << 10, 89: 99 << 10,
-                           90: 227 << 10, 100: 227 << 10, 103: 227 << 10, 110: 227 << 10, 120: 99 << 10,
-                           121: 99 << 10}
-"""Shared memory a block may opt into, per compute capability (the CUDA programming guide's table
-of technical specifications: the SM's shared memory less the 1 KB the driver reserves a block)."""
 
 
 @dataclass(frozen=True)
@@ -79,14 +74,6 @@ class Tiles:
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
-
-
-def max_shared_per_block(capability: int) -> int:
-    """The opt-in shared memory per block of ``capability``; for one newer than the table, the
-    smallest of the newest generation's (a target it cannot name is not assumed to be large)."""
-    if capability in SHARED_PER_BLOCK_OPT_IN:
-        return SHARED_PER_BLOCK_OPT_IN[capability]
-    return min(SHARED_PER_BLOCK_OPT_IN.values())
 
 
 def check_block(threads: int, field: str, value: Any) -> None:

@@ -19,10 +19,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from codegen import device as devices
+from codegen import render
 from codegen.device import Device
 from codegen.families import get_family
 from codegen.files import EmitError, write_if_changed
-from codegen import render
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
 from codegen.version import __version__
@@ -73,18 +74,12 @@ class TuningDB:
         if not self.path.exists():
             return {}
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            text, damage = "", err
+            raw = self.path.read_bytes()
         except OSError as err:
             raise SpecError("--db", str(self.path), f"cannot be read as a tuning database "
                             f"({err.strerror or err})") from None
-        else:
-            damage = None
         try:
-            if damage is not None:
-                raise ValueError(f"not UTF-8 text: {damage.reason}")
-            data = json.loads(text)
+            data = json.loads(raw.decode("utf-8"))      # a UnicodeDecodeError is a ValueError too
             if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
                 raise ValueError("no 'entries' object")
             return data["entries"]
@@ -211,7 +206,6 @@ def _fingerprint(family: str, spec: ConvSpec, tiles_json: str) -> str:
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()[:16]
 
 
-_DEVICE: list = []
 _OPEN_DBS: dict[Path, TuningDB] = {}
 """One database object per path, so every build does not parse the file again (it re-reads it
 only when its modification time changes)."""
@@ -219,18 +213,8 @@ only when its modification time changes)."""
 
 def current_device() -> tuple[str, str] | None:
     """(GPU name, sm_XX) of the current device, None without one (then nothing is looked up)."""
-    if not _DEVICE:
-        from codegen.compile import device_arch
-
-        arch = device_arch()
-        if arch is None:
-            _DEVICE.append(None)
-        else:
-            import cupy
-
-            name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-            _DEVICE.append((name.decode() if isinstance(name, bytes) else str(name), arch))
-    return _DEVICE[0]
+    here = devices.present()
+    return None if here is None else (here.name, here.arch)
 
 
 def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None,
@@ -246,21 +230,21 @@ def tuned_tiles(family: str, spec: ConvSpec, db: TuningDB | None = None,
     return db.lookup(family, spec, device, workspace_limit)
 
 
-def tuned_or_heuristic(fam, spec: ConvSpec, device: Device, workspace_limit: int | None = None) -> Tiles:
-    """``api.plan``'s default chooser: where ``device`` is this machine's GPU, the tuned
+def tuned_or_heuristic(fam, spec: ConvSpec, card: Device, workspace_limit: int | None = None) -> Tiles:
+    """``api.plan``'s default chooser: where ``card`` is this machine's GPU, the tuned
     configuration recorded for it and this version when there is one (it still plans and renders
-    to the kernel code that was timed), else the family's heuristic for ``device``; a database
-    problem never stops a build.  Under a workspace
-    limit, the record tuned under that limit comes first, then the one tuned without a limit
-    (``plan`` holds either to the limit).  A record is used as it was measured: a field added since
-    (split_k) takes its declared default, not the heuristic's."""
+    to the kernel code that was timed), else the family's heuristic for ``card``; a database
+    problem never stops a build.  Under a workspace limit, the record tuned under that limit comes
+    first, then the one tuned without a limit (``plan`` holds either to the limit).  A record is
+    used as it was measured: a field added since (split_k) takes its declared default, not the
+    heuristic's."""
     here = current_device()
-    records = here is not None and here[0] == device.name
-    for limit in ((None,) if workspace_limit is None else (workspace_limit, None)) if records else ():
-        try:
-            tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
-            if tuned is not None:
-                return fam.tiles_type.from_dict(tuned)
-        except (SpecError, TypeError, ValueError):
-            pass
-    return fam.heuristic_tiles(spec, device)
+    if here is not None and here[0] == card.name:
+        for limit in (None,) if workspace_limit is None else (workspace_limit, None):
+            try:
+                tuned = tuned_tiles(fam.name, spec, workspace_limit=limit)
+                if tuned is not None:
+                    return fam.tiles_type.from_dict(tuned)
+            except (SpecError, TypeError, ValueError):
+                pass
+    return fam.heuristic_tiles(spec, card)

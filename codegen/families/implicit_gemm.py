@@ -139,23 +139,26 @@ class ImplicitGemm(Family):
         ran 1.02-1.14x on the layers where ``gather_pays`` (GEMM v17) but its transposed filter
         (0.1-4.5 MiB) would put the implicit GEMM above cuDNN's extra memory there (0-1 MiB)."""
         device = as_device(device)
-        portable = self.default_tiles(spec, device=device)
+        return self._tma_heuristic(spec, device) or self.default_tiles(spec, device=device)
+
+    def _tma_heuristic(self, spec: ConvSpec, device: Device) -> gemm.GemmTiles | None:
+        """The TMA kernel's tiles where ``heuristic_tiles``' rules take it on ``device``, else None."""
         if device.capability < 90 or not spec.layout.channels_last or not tma_suits(spec) or not (
                 spec.k % 64 == 0 or spec.k == 32):
-            return portable
+            return None
         tiles = self.tma_tiles(spec, device=device)
         gemm_k = index.gemm_sizes(self.algebra(spec))[2]
         boxed_c = -(-spec.c // tiles.block_k) * tiles.block_k
         if gemm.pads_by_a_third(boxed_c, spec.c) or (gemm_k < TMA_MIN_GEMM_K and tiles.thread_m != 16):
-            return portable
+            return None
         count, blocks = self._tma_grid(spec, tiles, device)
         if not tma_counts_fit(spec, count, blocks):
-            return portable
+            return None
         stream_k = takes_stream_k(tiles, count, blocks)
         least = TMA_MIN_STREAM_K_TILES_PER_SM if stream_k else TMA_MIN_TILES_PER_SM
         one_full_round = (stream_k and count >= device.sm_count and gemm_k >= TMA_ONE_ROUND_MIN_GEMM_K
                           and tiles.block_m == tma_full_block_m(tiles.thread_m, tiles.block_n))
-        return tiles if count >= least * device.sm_count or one_full_round else portable
+        return tiles if count >= least * device.sm_count or one_full_round else None
 
     def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> gemm.GemmTiles:
         """The portable cp.async kernel, which needs no workspace (the TMA kernel's is its
