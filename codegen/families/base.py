@@ -6,8 +6,12 @@ context.  Everything downstream (render, compile, launch, emit) reads only the p
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import math
+import types
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -133,6 +137,53 @@ class BlasGemm:
     """Elements C advances per batch chunk of a chunked plan (A and B stay: the workspace and filter)."""
 
 
+class ContextError(TypeError):
+    """A template context field holds a value of the wrong type: a bug in the family, not user input."""
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` fits ``annotation``: classes, ``X | None`` unions, and the outer type of
+    ``tuple[...]``, ``list[...]`` and ``dict[...]`` (elements are the family's own values)."""
+    if annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, option) for option in typing.get_args(annotation))
+    if origin is not None:
+        return isinstance(value, origin)
+    if annotation is type(None):
+        return value is None
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+@dataclass(frozen=True)
+class TemplateContext:
+    """What a family's template reads, one typed field each: the contract between the family and its
+    template is this class, checked when the plan is made, not a dict whose keys a comment lists.
+
+    Each family subclasses it (frozen, typed fields); ``variables()`` is what the template sees,
+    together with the plan-wide values that ``render`` adds."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if not _matches(value, hints[item.name]):
+                raise ContextError(f"{type(self).__name__}.{item.name} = {value!r} is not {hints[item.name]}")
+
+    def variables(self) -> dict[str, Any]:
+        """The fields by name; enum members as their values, so templates compare plain strings."""
+        return {item.name: _template_value(getattr(self, item.name)) for item in dataclasses.fields(self)}
+
+
+def _template_value(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     family: str
@@ -141,7 +192,7 @@ class KernelPlan:
     tiles: Tiles
     buffers: tuple[Buffer, ...]
     launches: tuple[Launch, ...]
-    context: dict[str, Any] = field(compare=False)
+    context: TemplateContext | dict[str, Any] = field(compare=False)
     zero_output: bool = False
     constants: tuple[tuple[str, str], ...] = ()
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
