@@ -11,7 +11,7 @@ from pathlib import Path
 from codegen.bench.layers import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source
 from codegen.files import write_if_changed
-from codegen.families import direct, get_family, implicit_gemm
+from codegen.families import direct, gemm_heuristic, get_family
 from codegen.spec import ConvSpec
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -50,9 +50,9 @@ def entries() -> list[Entry]:
         for layout in layouts:
             spec = layer_spec(layer, layout, layer.get("N", BATCH))
             found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}", spec, _heuristic("implicit_gemm", spec)))
-            if implicit_gemm.tma_suits(spec) and (spec.layout.channels_last or implicit_gemm.gather_pays(spec)):
+            if gemm_heuristic.tma_suits(spec) and (spec.layout.channels_last or gemm_heuristic.gather_pays(spec)):
                 found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_tma", spec,
-                                   implicit_gemm.FAMILY.tma_tiles(spec).to_dict()))
+                                   gemm_heuristic.tma_tiles(spec).to_dict()))
             if layout in ("NCHW", "NCDHW"):
                 found.append(Entry("im2win", f"{layer['name']}_{layout.lower()}", spec, _heuristic("im2win", spec)))
     for layer in shapes["filter2d"]:

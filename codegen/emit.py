@@ -11,7 +11,7 @@ from codegen.device import Device
 from codegen.device import resolve as resolve_device
 from codegen.files import write_error, write_if_changed
 from codegen.families import get_family
-from codegen.families.gemm import flops as convolution_flops
+from codegen.families.gemm_tiles import flops as convolution_flops
 from codegen.render import render
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import Tiles
@@ -86,8 +86,8 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     if kernel_plan.steps:
         raise SpecError("family", family, "runs host steps (a cuBLAS GEMM) between launches and cannot be emitted "
                         "as a standalone file; emit its kernels' family (im2col) and call cublasSgemm")
-    default = kernel_plan.context["kernel"].replace(f"_{kernel_plan.variant}_", "_") + "_launch"
-    terms = kernel_plan.context.get("reference_terms", 1)
+    default = kernel_plan.context.kernel.replace(f"_{kernel_plan.variant}_", "_") + "_launch"
+    terms = kernel_plan.context.reference_terms
     outputs = kernel_plan.output.elements
 
     def standalone(name: str) -> str:

@@ -123,7 +123,7 @@ def gemm_tiles(draw) -> dict:
     """Valid GEMM-core tile choices of every shape: warp layouts from 1x32 to 32x1, micro-tiles
     from 1x1 to 12x12 (12: three float4 fragment groups), 1 to 8 warps, every pipeline and load
     switch, split-K up to 3."""
-    from codegen.families.gemm import GemmTiles, check_geometry
+    from codegen.families.gemm_tiles import GemmTiles, check_geometry
 
     lanes_m = draw(st.sampled_from((1, 2, 4, 8, 16, 32)))
     thread_m, thread_n = draw(st.sampled_from((1, 2, 4, 8, 12))), draw(st.sampled_from((1, 2, 4, 8, 12)))

@@ -5,6 +5,11 @@ Every index map a kernel uses is built here as a sympy expression over named int
 in.  Templates receive the expressions printed as C; tests receive the same expressions lambdified
 to numpy.  Nothing downstream re-derives index arithmetic by hand.
 
+This module is the core that every family shares: the printers, the ``IndexAlgebra`` of a spec,
+the proofs on it (index width, which bounds checks can fail), the template context every family
+starts from, and exact evaluation.  What one family's kernels need beyond that is composed from it
+in ``codegen.terms``, which this module never imports.
+
 Spatial axes are numbered 0..dims-1, outermost first (D, H, W in 3D; H, W in 2D).
 """
 from __future__ import annotations
@@ -18,12 +23,13 @@ import sympy
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.numpy import NumPyPrinter
 
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec
 
 INT32_MAX = 2**31 - 1
 
 
-def _sym(name: str) -> sympy.Symbol:
+def symbol(name: str) -> sympy.Symbol:
+    """An index variable: a non-negative integer, which is what lets the printers divide in C."""
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
@@ -105,19 +111,19 @@ class IndexAlgebra:
     # -- symbols -------------------------------------------------------------------------
     @cached_property
     def n(self):
-        return _sym("n")
+        return symbol("n")
 
     @cached_property
     def c(self):
-        return _sym("c")
+        return symbol("c")
 
     @cached_property
     def o(self) -> tuple[sympy.Symbol, ...]:
-        return tuple(_sym(f"o{j}") for j in range(self.spec.dims))
+        return tuple(symbol(f"o{j}") for j in range(self.spec.dims))
 
     @cached_property
     def k(self) -> tuple[sympy.Symbol, ...]:
-        return tuple(_sym(f"k{j}") for j in range(self.spec.dims))
+        return tuple(symbol(f"k{j}") for j in range(self.spec.dims))
 
     @cached_property
     def i(self) -> tuple[sympy.Symbol, ...]:
@@ -126,23 +132,23 @@ class IndexAlgebra:
 
     @cached_property
     def col(self):
-        return _sym("col")
+        return symbol("col")
 
     @cached_property
     def row(self):
-        return _sym("row")
+        return symbol("row")
 
     @cached_property
     def kk(self):
-        return _sym("kk")
+        return symbol("kk")
 
     @cached_property
     def pix(self):
-        return _sym("pix")
+        return symbol("pix")
 
     @cached_property
     def t(self):
-        return _sym("t")
+        return symbol("t")
 
     # -- sizes ---------------------------------------------------------------------------
     @cached_property
@@ -256,7 +262,7 @@ class IndexAlgebra:
     @cached_property
     def oc(self):
         """Output channel (filter index)."""
-        return _sym("oc")
+        return symbol("oc")
 
     @cached_property
     def output_shape(self) -> tuple[int, ...]:
@@ -345,6 +351,8 @@ def lambdify(symbols, expr):
     return sympy.lambdify(symbols, expr, modules="numpy", printer=IntegerNumPyPrinter)
 
 
+# -- the template context every family shares (col2im's gather ranges ride in it: the typed
+# IndexContext of codegen.families.base declares them for every family) -------------------
 def axis_bounds(algebra: IndexAlgebra) -> list[str]:
     """Per axis, the C condition that input coordinate i<j> lies inside the image, with the sides
     that the spec proves can never fail left out (no padding: no lower check; no overhang: no
@@ -461,382 +469,6 @@ def template_context(alg: IndexAlgebra, padded_threads: int, column_matrix: bool
         "filter_size": list(spec.filter_size),
         "total_outputs": math.prod(alg.output_shape),
     }
-
-
-WINDOW_LIMIT = 255
-"""The longest register window a thread may walk along one axis (the registers a thread has): the
-register-tiled kernels unroll it, so past this the source would grow with the filter's extent."""
-
-
-def tile_terms(algebra: IndexAlgebra, tile: tuple[int, int], per_thread: tuple[int, int] = (1, 1),
-               align: int = 1, windows: bool = False) -> dict:
-    """Spatial tiling of the last two axes (H, W) for the tiled direct kernels.
-
-    With tile index ``tile<j>`` and a thread's local output ``l<j>`` on axis j: the tile's first
-    output is tile*T; the first input its window reads is in_coord(o = tile*T, k = 0); and the
-    input that local output l reads at tap k sits at l*s + k*d from there.  The cache variant keeps
-    in shared memory the T inputs starting at tile*T*s (the tile's "own" inputs: for stride 1
-    and padding r these are the inputs at the outputs' own coordinates, as in the seed).
-
-    Register blocking: a thread owns ``per_thread[j]`` consecutive outputs on axis j (local
-    index u on H, v on W), so its window starts at input l*per*s and output u (v) reads element
-    ``window_index`` = u*s + k*d of it at tap k, ``window_extent`` elements in all;
-    ``window_taps[e]`` lists the (u, k) pairs that read element e.  With ``align`` > 1 the
-    W axis is stored from the aligned input column below the halo's origin (``lead`` columns
-    earlier), which holds for every tile when T*s is a multiple of ``align``."""
-    spec = algebra.spec
-    axes = []
-    for position, j in enumerate(range(spec.dims - 2, spec.dims)):
-        tile_index = _sym(f"tile{j}")
-        local = _sym(f"l{j}")
-        per = per_thread[position]
-        first_output = tile_index * tile[position]
-        halo_origin = algebra.in_coord[j].subs({algebra.o[j]: first_output, algebra.k[j]: 0})
-        local_input = sympy.expand(algebra.in_coord[j].subs(algebra.o[j], first_output + local) - halo_origin)
-        extent = (per - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1
-        window_taps = None
-        if windows:
-            if extent > WINDOW_LIMIT:
-                raise SpecError("filter_size", spec.filter_size, f"gives the register tile a window of {extent} inputs "
-                                f"along axis {j} ({per} outputs a thread, stride {spec.stride[j]}, dilation "
-                                f"{spec.dilation[j]}), more than the {WINDOW_LIMIT} registers of a thread; use "
-                                "variant tiled_halo, tiled_cache or basic")
-            window_taps = [[] for _ in range(extent)]
-            for v in range(per):
-                for k in range(spec.filter_size[j]):
-                    window_taps[int(local_input.subs({local: v, algebra.k[j]: k}))].append((v, k))
-        lead = int(halo_origin.subs(tile_index, 0)) % align if position == 1 else 0
-        axes.append({
-            "axis": j,
-            "tile": tile[position],
-            "tiles": -(-algebra.out_size[j] // tile[position]),
-            "first_output": to_c(first_output),
-            "halo_origin": to_c(halo_origin),
-            "aligned_origin": to_c(halo_origin - lead),
-            "lead": lead,
-            "own_origin": to_c(sympy.expand(first_output * spec.stride[j])),
-            "local_input": to_c(local_input),
-            "halo_extent": (tile[position] - 1) * spec.stride[j] + (spec.filter_size[j] - 1) * spec.dilation[j] + 1,
-            "window_start": to_c(sympy.expand(local_input.subs({local: local * per, algebra.k[j]: 0}))),
-            "window_index": to_c(local_input.subs(local, _sym("uv"[position]))),
-            "window_extent": extent,
-            "window_taps": window_taps,
-        })
-    plane = _sym("plane")
-    inner = spec.filter_size[-2:]
-    return {
-        "axes": axes,
-        "plane_taps": math.prod(inner),
-        "plane_coords": [to_c(e) for e in decompose(plane, inner)],
-        "halo_bounds": " && ".join(f"i{a['axis']} >= 0 && i{a['axis']} < {spec.input_size[a['axis']]}" for a in axes),
-        "depth_bounds": axis_bounds(algebra)[0] if spec.dims == 3 else "true",
-    }
-
-
-# -- GEMM view of the convolution (implicit_gemm, im2win) -------------------------------------
-def warp_lane_layout(lanes_m: int, lanes_n: int) -> tuple[sympy.Expr, sympy.Expr]:
-    """(lane_m, lane_n): where lane ``lane`` of a lanes_m x lanes_n warp sits in the warp tile.
-
-    Lanes pair up as in CUTLASS's interleaved SIMT lane layout: lanes 2i and 2i+1 share an A
-    fragment, lanes i and i^2 a B fragment.  A float4 shared-memory read whose lanes pair up so
-    takes two wavefronts instead of four (NVIDIA: shared memory returns 128 bytes a cycle, and a
-    pair reading one address returns as one), which halves the A reads' cost.  A warp one lane
-    wide along M or N has no pairs to form and keeps the plain layout."""
-    lane = _sym("lane")
-    if lanes_n == 1:
-        return lane, sympy.Integer(0)
-    if lanes_m == 1:
-        return sympy.Integer(0), lane
-    return sympy.Mod(sympy.floor(lane / 2), lanes_m), sympy.Mod(lane, 2) + 2 * sympy.floor(lane / (2 * lanes_m))
-
-
-def gemm_sizes(algebra: IndexAlgebra) -> tuple[int, int, int]:
-    """(GEMM_M, GEMM_N, GEMM_K) = (N*OD*OH*OW, K, C*T*R*S): rows of A are output pixels, its
-    columns the column-matrix rows (so B is the filter read in its own memory order)."""
-    return algebra.cols, algebra.spec.k, algebra.rows
-
-
-def window_tensor_shape(algebra: IndexAlgebra) -> tuple[int, ...]:
-    """The im2win tensor (the im2win paper's equation 2, generalised): for each output position of
-    the outer axes, the input rows its windows read, flattened window-order along W.
-
-    Channels-first (N, C, O0[, O1], Wwin, T) and channels-last (N, O0[, O1], Wwin, T, C), where
-    T is the product of the outer filter sizes (KH in 2D) and Wwin = (OW-1)*s + (KW-1)*d + 1 the
-    padded input columns the windows touch.  Padding is stored, so the convolution reads it
-    without bounds checks."""
-    spec = algebra.spec
-    outer = algebra.out_size[:-1]
-    taps_outer = math.prod(spec.filter_size[:-1])
-    if spec.layout.channels_last:
-        return (spec.n, *outer, window_width(algebra), taps_outer, spec.c)
-    return (spec.n, spec.c, *outer, window_width(algebra), taps_outer)
-
-
-def window_width(algebra: IndexAlgebra) -> int:
-    spec = algebra.spec
-    return (algebra.out_size[-1] - 1) * spec.stride[-1] + (spec.filter_size[-1] - 1) * spec.dilation[-1] + 1
-
-
-def window_offset(algebra: IndexAlgebra, wcol: sympy.Expr, outer_tap: sympy.Expr) -> sympy.Expr:
-    """Offset in the im2win tensor of (n, c, o_outer..., wcol, outer_tap)."""
-    spec = algebra.spec
-    shape = window_tensor_shape(algebra)
-    outer = list(algebra.o[:-1])
-    if spec.layout.channels_last:
-        return linearize([algebra.n, *outer, wcol, outer_tap, algebra.c], shape)
-    return linearize([algebra.n, algebra.c, *outer, wcol, outer_tap], shape)
-
-
-def window_transform_exprs(algebra: IndexAlgebra) -> dict:
-    """The im2win transform, one thread per tensor element ``t``, as sympy: the names and
-    expressions of its coordinates, and the input coordinates i0.. it copies."""
-    spec = algebra.spec
-    wcol, to = _sym("wcol"), _sym("to")
-    outer = [f"o{j}" for j in range(spec.dims - 1)]
-    names = ["n", *outer, "wcol", "to", "c"] if spec.layout.channels_last else ["n", "c", *outer, "wcol", "to"]
-    outer_taps = decompose(to, spec.filter_size[:-1])
-    last = spec.dims - 1
-    sources = [algebra.in_coord[j].subs(algebra.k[j], outer_taps[j]) for j in range(last)]
-    sources.append(wcol - spec.padding[last])
-    return {"names": names, "coords": decompose(algebra.t, window_tensor_shape(algebra)), "sources": sources}
-
-
-def window_transform_terms(algebra: IndexAlgebra) -> dict:
-    """``window_transform_exprs`` printed as C, with the bounds check (padding cells are written
-    as zeros; axes without padding are proven inside)."""
-    spec = algebra.spec
-    shape = window_tensor_shape(algebra)
-    exprs = window_transform_exprs(algebra)
-    checks = [f"i{j} >= 0 && i{j} < {size}" for j, size in enumerate(spec.input_size) if spec.padding[j] > 0]
-    return {
-        "window_shape": list(shape),
-        "window_elements": math.prod(shape),
-        "window_names": exprs["names"],
-        "window_coords": [to_c(e) for e in exprs["coords"]],
-        "window_sources": [to_c(e) for e in exprs["sources"]],
-        "window_bounds": " && ".join(checks) or "true",
-    }
-
-
-def gemm_terms(algebra: IndexAlgebra, source: str) -> dict:
-    """Address terms of the implicit GEMM's A operand, split so that the kernel adds a per-row
-    part (output pixel m) to a per-column part (column-matrix row), as CUTLASS's iterators do:
-
-    - ``source="image"``: A(m, row) = x[base(n, o) + delta(c, k)] when every input coordinate
-      origin_j(o) + disp_j(k) lies inside the image, else 0 (padding); only axes with padding
-      are checked, the others are proven inside by the output size.
-    - ``source="window"``: A(m, row) = win[base(n, o) + delta(c, k)] in the im2win tensor, which
-      stores padding, so nothing is checked.
-
-    ``delta`` stays a sympy expression: the precomputed-offset table evaluates it per row."""
-    spec = algebra.spec
-    disp = [_sym(f"g{j}") for j in range(spec.dims)]
-    zero_taps = {k: 0 for k in algebra.k}
-    if source == "image":
-        origin = [sympy.expand(e.subs(zero_taps)) for e in algebra.in_coord]
-        full = sympy.expand(algebra.x_offset.subs({algebra.i[j]: origin[j] + disp[j] for j in range(spec.dims)}))
-        base = full.subs({algebra.c: 0, **{g: 0 for g in disp}})
-        delta = sympy.expand(full - base).subs({g: k * d for g, k, d in zip(disp, algebra.k, spec.dilation)})
-        checked = [j for j in range(spec.dims) if spec.padding[j] > 0]
-    elif source == "window":
-        last = spec.dims - 1
-        wcol = algebra.o[last] * spec.stride[last] + algebra.k[last] * spec.dilation[last]
-        outer_tap = linearize(list(algebra.k[:-1]), spec.filter_size[:-1])
-        full = sympy.expand(window_offset(algebra, wcol, outer_tap))
-        base = full.subs({algebra.c: 0, **zero_taps})
-        delta = sympy.expand(full - base)
-        origin, checked = [], []
-    else:
-        raise ValueError(f"unknown A source {source!r}")
-    y_full = sympy.expand(algebra.y_offset)
-    y_base = y_full.subs(algebra.oc, 0)
-    return {
-        "a_base": to_c(base),
-        "a_delta": delta,
-        "a_delta_c": to_c(delta),
-        "a_origin": [to_c(e) for e in origin],
-        "a_checked": [{"axis": j, "size": spec.input_size[j], "disp": to_c(algebra.k[j] * spec.dilation[j])}
-                      for j in checked],
-        "y_base": to_c(y_base),
-        "y_oc_stride": int(sympy.expand(y_full - y_base).coeff(algebra.oc)),
-        "exprs": {"a_base": base, "a_origin": origin, "y_base": y_base},
-    }
-
-
-IM2COL_CORNER_LIMIT = {2: 128, 3: 16}
-"""The corners of a TMA im2col map lie in [-limit, limit - 1], by spatial rank (cuda.h: [-128, 127]
-for 4-D tensors, [-16, 15] for 5-D)."""
-TMA_ELEMENT_STRIDE_LIMIT = 8
-"""Largest traversal stride of a TMA map along one dimension (cuda.h, elementStrides)."""
-
-
-def im2col_map_terms(algebra: IndexAlgebra) -> dict:
-    """The channels-last image as a TMA *im2col* map, and what a kernel passes to each copy.
-
-    The map is the tensor (C, W, H[, D], N), innermost first, with byte strides from the channel
-    pitch.  One copy loads a run of channels for each of a run of consecutive output pixels at
-    one filter tap: the copy names the input coordinates of its first pixel at tap 0 (``origin``: o*s
-    - p per spatial axis, innermost first, from ``in_coord``) and the tap's offsets (k*d, from
-    ``tap_coords``); the hardware walks on through rows and images with the traversal strides (the
-    convolution stride) inside the box between the corners, -p and p - d*(f - 1) per axis, and
-    reads zeros outside the image.  The corners are what bound the walk to the output grid: a
-    row holds (size + 2p - d*(f - 1) - 1) // s + 1 pixels, the output size."""
-    spec = algebra.spec
-    if not spec.layout.channels_last:
-        raise ValueError("an im2col map needs a channels-last image")
-    inner_first = list(range(spec.dims - 1, -1, -1))
-    dims = (spec.c, *(spec.input_size[j] for j in inner_first), spec.n)
-    strides, step = [], 4 * spec.pitch
-    for j in inner_first:
-        strides.append(step)
-        step *= spec.input_size[j]
-    strides.append(step)
-    zero_taps = {k: 0 for k in algebra.k}
-    origin = [sympy.expand(algebra.in_coord[j].subs(zero_taps)) for j in inner_first]
-    offsets = [algebra.tap_coords[j] * spec.dilation[j] for j in inner_first]
-    return {
-        "dims": dims,
-        "strides": tuple(strides),
-        "lower": tuple(-spec.padding[j] for j in inner_first),
-        "upper": tuple(spec.padding[j] - spec.dilation[j] * (spec.filter_size[j] - 1) for j in inner_first),
-        "element_strides": (1, *(spec.stride[j] for j in inner_first), 1),
-        "origin": [to_c(e) for e in origin],
-        "tap_offsets": [to_c(e) for e in offsets],
-        "exprs": {"origin": origin, "tap_offsets": offsets},
-    }
-
-
-def gather_terms(algebra: IndexAlgebra) -> dict:
-    """The channels-first image as the TMA kernel's producer warps gather it, one 4-byte cp.async
-    per element: ``gemm_terms``' per-pixel base, origins and padded axes, plus the offset of a
-    k-slice's tap at channel 0 (``tap_delta``, of k0, k1[, k2]) and the stride between channels,
-    so that channel c of the slice's tap is base + tap_delta + c * channel_stride.  The output
-    terms (``y_base``, ``y_oc_stride``) place the tile's pixels in the channels-first output.
-    ``pixels_contiguous``: pixels g apart in one image read elements g apart (unit strides, and
-    every axis but the outermost as long in the output as in the input, as under 'same' padding),
-    so that base(col + g) = base(col) + g while col and col + g lie in one image.
-    ``pairs_in_rows``: output rows have an even length, so that pixels 2j and 2j + 1 share a row
-    and read elements ``pair_step`` apart (W's stride) at every tap.  ``pairs_aligned``: besides,
-    the pair's two elements are adjacent and every stride of x but W's is even, so that where a
-    tap's W offset is even (``gather_slices``) the pair is one 8-byte-aligned pair of elements,
-    inside the image or outside it together."""
-    if algebra.spec.layout.channels_last:
-        raise ValueError("the gathered A operand is for channels-first images (channels-last ones use an im2col map)")
-    spec = algebra.spec
-    terms = gemm_terms(algebra, "image")
-    delta = terms["a_delta"]
-    channel_stride = int(delta.coeff(algebra.c))
-    tap_delta = sympy.expand(delta - channel_stride * algebra.c)
-    pair_step = int(sympy.expand(terms["exprs"]["a_base"]).coeff(algebra.o[-1]))
-    pairs_in_rows = algebra.out_size[-1] % 2 == 0
-    return {
-        **{key: terms[key] for key in ("a_base", "a_origin", "a_checked", "y_base", "y_oc_stride")},
-        "tap_delta": to_c(tap_delta),
-        "channel_stride": channel_stride,
-        "pixels_contiguous": all(s == 1 for s in spec.stride) and spec.input_size[1:] == algebra.out_size[1:],
-        "pairs_in_rows": pairs_in_rows,
-        "pair_step": pair_step,
-        "pairs_aligned": pairs_in_rows and pair_step == 1 and spec.input_size[-1] % 2 == 0,
-        "exprs": {**terms["exprs"], "tap_delta": tap_delta},
-    }
-
-
-def gather_slices(algebra: IndexAlgebra, block_k: int) -> list[tuple[int, bool]]:
-    """Per k-slice of the gathered A tile (tap kk = k // chunks, channels from c0 = k % chunks *
-    ``block_k``): the offset of channel c0 at that tap from a pixel's base (tap_delta + c0 *
-    channel_stride), and whether the tap's W offset (k * dilation - padding) is even, so that where
-    ``pairs_aligned`` holds a pair of pixels from an even column reads an aligned element pair."""
-    spec = algebra.spec
-    terms = gather_terms(algebra)
-    chunks = -(-spec.c // block_k)
-    kk, chunk = np.divmod(np.arange(algebra.taps * chunks, dtype=np.int64), chunks)
-    taps = {str(k): evaluate(e, {"kk": kk}) for k, e in zip(algebra.k, algebra.tap_coords)}
-    offsets = evaluate(terms["exprs"]["tap_delta"], {"kk": kk, **taps}) + chunk * block_k * terms["channel_stride"]
-    w_offsets = evaluate(algebra.in_coord[-1].subs(algebra.o[-1], 0), {"kk": kk, **taps})
-    return [(int(offset), bool(w % 2 == 0)) for offset, w in zip(offsets, w_offsets)]
-
-
-def transposed_filter_terms(algebra: IndexAlgebra, pitch_multiple: int = 4) -> dict:
-    """The channels-last filter K x taps x C rewritten as taps x C x K, with K padded to a multiple
-    of ``pitch_multiple`` (TMA row strides must be multiples of 16 bytes), as a TMA tensor of
-    ``dims`` (innermost first) with ``byte_strides``: read along output
-    channels, a k-step's B fragment is four adjacent channels, so a micro-tile's accumulators
-    each meet a B register of one parity (see docs/perf-history.md, GEMM v11).  One thread per filter
-    element ``t``, output channels fastest so that the writes coalesce."""
-    spec = algebra.spec
-    k_pitch = -(-spec.k // pitch_multiple) * pitch_multiple
-    shape = (algebra.taps, spec.c, k_pitch)
-    kk, c, oc = decompose(algebra.t, (algebra.taps, spec.c, spec.k))
-    source = sympy.expand(algebra.w_offset.subs({algebra.oc: oc, algebra.kk: kk, algebra.c: c}))
-    destination = linearize([kk, c, oc], shape)
-    return {
-        "shape": shape,
-        "elements": algebra.taps * spec.c * spec.k,
-        "source": to_c(source),
-        "destination": to_c(destination),
-        "dims": (spec.k, spec.c, algebra.taps),
-        "byte_strides": (4 * k_pitch, 4 * k_pitch * spec.c),
-        "exprs": {"source": source, "destination": destination},
-    }
-
-
-def unselected_addresses_inside(algebra: IndexAlgebra, terms: dict) -> bool:
-    """Whether A's address base(pixel) + delta(row) lies inside its source for every pixel and
-    row, and base(pixel) alone too (delta 0, the precomputed table's padding rows of the residue
-    slice): true when no axis is padded, since the output size keeps every tap of every pixel
-    inside.  A kernel then forms the address of an element it does not load (a padding row of
-    the residue slice, a pixel past M) without a select; on a padded axis a tap can fall outside
-    the source."""
-    return not terms["a_checked"]
-
-
-TAP_MASK_BITS = 64
-"""Filters up to this many taps get per-pixel tap masks (one 64-bit word at most)."""
-
-
-def tap_mask_bits(algebra: IndexAlgebra, terms: dict) -> int:
-    """Width of the per-pixel tap mask (32 or 64), or 0 where none is used: no padded axis to
-    check, or more taps than ``TAP_MASK_BITS``.  Bit kk of a pixel's mask says whether filter tap
-    kk lands inside the image on every padded axis, so a kernel tests one bit per A element
-    instead of one range per padded axis (CUTLASS's precomputed filter-position predicates)."""
-    if not terms["a_checked"] or algebra.taps > TAP_MASK_BITS:
-        return 0
-    return 32 if algebra.taps <= 32 else 64
-
-
-def tap_mask_patterns(algebra: IndexAlgebra, terms: dict) -> list[dict]:
-    """The tap mask factored by padded axis, so that a kernel forms it with one range test per
-    filter position of each padded axis instead of one per tap and axis: for checked axis j and
-    filter position v, ``disp`` = v * dilation_j and ``bits`` = the taps whose position on axis j
-    is v.  A pixel's mask is the AND over the checked axes of the OR of the ``bits`` whose
-    ``origin_j + disp`` lies in [0, size_j)."""
-    taps = np.arange(algebra.taps)
-    factors = []
-    for check in terms["a_checked"]:
-        j = check["axis"]
-        position = evaluate(algebra.tap_coords[j], {"kk": taps})
-        factors.append({"axis": j, "size": check["size"], "positions": [
-            {"disp": v * algebra.spec.dilation[j], "bits": int(sum(1 << int(kk) for kk in taps[position == v]))}
-            for v in range(algebra.spec.filter_size[j])]})
-    return factors
-
-
-def row_table(algebra: IndexAlgebra, terms: dict, tap_masks: bool = False) -> list[tuple[int, ...]]:
-    """Per column-matrix row, for the precomputed-offset ("precomp") kernels: (delta, disp_j of
-    each checked axis), or (delta, tap kk) with ``tap_masks``; evaluated from the same sympy
-    expressions the analytic kernels print."""
-    rows = np.arange(algebra.rows)
-    c_expr, kk_expr = algebra.row_coords
-    values = {"row": rows}
-    c = evaluate(c_expr, values)
-    kk = evaluate(kk_expr, values)
-    taps = {f"k{j}": evaluate(e, {"kk": kk}) for j, e in enumerate(algebra.tap_coords)}
-    delta = evaluate(terms["a_delta"], {"c": c, **taps})
-    if tap_masks:
-        columns = [delta, kk]
-    else:
-        columns = [delta] + [taps[f"k{a['axis']}"] * algebra.spec.dilation[a["axis"]] for a in terms["a_checked"]]
-    return [tuple(int(v) for v in entry) for entry in zip(*columns)]
 
 
 @lru_cache(maxsize=4096)

@@ -8,8 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from codegen import index
+from codegen.families.direct import StageCopy
+from codegen.families.implicit_gemm import GatherWide, TmaGatherContext, TmaIm2colContext
 from codegen.index import IndexAlgebra, decompose
 from codegen.spec import replace as spec_replace
+from codegen.terms.gemm import gemm_terms, row_table, tap_mask_bits, tap_mask_patterns, unselected_addresses_inside
+from codegen.terms.im2win import window_tensor_shape, window_transform_exprs
+from codegen.terms.implicit_gemm import gather_terms, im2col_map_terms, transposed_filter_terms
 
 
 def _eval(expr, **values) -> np.ndarray:
@@ -95,8 +100,8 @@ def direct_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray) -> np.ndarra
 
 def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
     """The im2win transform through its maps: every tensor element's coordinates and source."""
-    terms = index.window_transform_exprs(alg)
-    t = np.arange(int(np.prod(index.window_tensor_shape(alg))))
+    terms = window_transform_exprs(alg)
+    t = np.arange(int(np.prod(window_tensor_shape(alg))))
     values = {name: _eval(expr, t=t) for name, expr in zip(terms["names"], terms["coords"])}
     inside = np.ones(t.shape, dtype=bool)
     for j, expr in enumerate(terms["sources"]):
@@ -104,7 +109,7 @@ def window_tensor_by_maps(alg: IndexAlgebra, x: np.ndarray) -> np.ndarray:
         inside &= (values[f"i{j}"] >= 0) & (values[f"i{j}"] < alg.spec.input_size[j])
     offset = _eval(alg.x_offset, **values)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
-    return np.where(inside, flat[np.where(inside, offset, 0)], 0.0).reshape(index.window_tensor_shape(alg))
+    return np.where(inside, flat[np.where(inside, offset, 0)], 0.0).reshape(window_tensor_shape(alg))
 
 
 def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -> np.ndarray:
@@ -113,8 +118,8 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
     padded axis leaves the image, times B = the filter, scattered by the epilogue's offsets.  Where
     the kernels form addresses without a select, every address they can form must lie inside."""
     spec = alg.spec
-    terms = index.gemm_terms(alg, source)
-    table = np.array(index.row_table(alg, terms), dtype=np.int64).reshape(alg.rows, -1)
+    terms = gemm_terms(alg, source)
+    table = np.array(row_table(alg, terms), dtype=np.int64).reshape(alg.rows, -1)
     row = np.arange(alg.rows)
     row_values = {"row": row, "c": _eval(alg.row_coords[0], row=row)}
     row_values["kk"] = _eval(alg.row_coords[1], row=row)
@@ -132,12 +137,12 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
         origin = _eval(terms["exprs"]["a_origin"][j], **pixel)
         coordinate = origin[:, None] + table[None, :, 1 + position]
         inside &= (coordinate >= 0) & (coordinate < check["size"])
-    if index.tap_mask_bits(alg, terms) and not np.array_equal(inside_by_tap_masks(alg, terms, pixel), inside):
+    if tap_mask_bits(alg, terms) and not np.array_equal(inside_by_tap_masks(alg, terms, pixel), inside):
         raise AssertionError("tap masks disagree with the per-axis bounds checks")
     src = window_tensor_by_maps(alg, x) if source == "window" else np.asarray(x, dtype=np.float64)
     flat = src.reshape(-1)
     offset = base[:, None] + delta[None, :]
-    if index.unselected_addresses_inside(alg, terms):
+    if unselected_addresses_inside(alg, terms):
         formed = np.concatenate([offset.ravel(), base])
         if formed.min() < 0 or formed.max() >= flat.size:
             raise AssertionError("an A address formed without a select leaves its source")
@@ -153,16 +158,16 @@ def gemm_by_maps(alg: IndexAlgebra, x: np.ndarray, w: np.ndarray, source: str) -
 def inside_by_tap_masks(alg: IndexAlgebra, terms: dict, pixel: dict) -> np.ndarray:
     """(pixel, row) in-image flags as the tap-mask kernels form them: each pixel's mask is the AND
     over the padded axes of the taps whose filter position on that axis lands inside
-    (``index.tap_mask_patterns``), and each row tests the bit of the tap its table entry names."""
+    (``tap_mask_patterns``), and each row tests the bit of the tap its table entry names."""
     mask = np.full(len(pixel["n"]), (1 << alg.taps) - 1, dtype=np.uint64)
-    for factor in index.tap_mask_patterns(alg, terms):
+    for factor in tap_mask_patterns(alg, terms):
         origin = _eval(terms["exprs"]["a_origin"][factor["axis"]], **pixel)
         inside = np.zeros_like(mask)
         for position in factor["positions"]:
             lands = (origin + position["disp"] >= 0) & (origin + position["disp"] < factor["size"])
             inside |= np.where(lands, np.uint64(position["bits"]), np.uint64(0))
         mask &= inside
-    row_taps = np.array(index.row_table(alg, terms, tap_masks=True), dtype=np.int64)[:, 1].astype(np.uint64)
+    row_taps = np.array(row_table(alg, terms, tap_masks=True), dtype=np.int64)[:, 1].astype(np.uint64)
     return ((mask[:, None] >> row_taps[None, :]) & np.uint64(1)).astype(bool)
 
 
@@ -184,23 +189,23 @@ def im2win_chunks_by_maps(plan, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return y.reshape(plan.output.shape)
 
 
-def stage_copies(split: dict, units: int, rows: int, unit_floats: int, threads: int):
+def stage_copies(split: StageCopy, units: int, rows: int, unit_floats: int, threads: int):
     """The (row, column) cells of a tiled_register stage that a block's threads copy, thread by
     thread as the kernel's fetch does (``direct.copy_split``); a bounds guard the kernel leaves
     out must never be needed."""
     for tid in range(threads):
-        first_unit, first_row = tid % split["lanes"], tid // split["lanes"]
-        if split["idle_threads"] and first_row >= split["rows_per_round"]:
+        first_unit, first_row = tid % split.lanes, tid // split.lanes
+        if split.idle_threads and first_row >= split.rows_per_round:
             continue
-        for across in range(split["unit_rounds"]):
-            unit = first_unit + across * split["lanes"]
+        for across in range(split.unit_rounds):
+            unit = first_unit + across * split.lanes
             if unit >= units:
-                assert split["unit_tail"], f"thread {tid} copies unit {unit} of a {units}-unit row unguarded"
+                assert split.unit_tail, f"thread {tid} copies unit {unit} of a {units}-unit row unguarded"
                 break
-            for down in range(split["row_rounds"]):
-                row = first_row + down * split["rows_per_round"]
+            for down in range(split.row_rounds):
+                row = first_row + down * split.rows_per_round
                 if row >= rows:
-                    assert split["row_tail"], f"thread {tid} copies row {row} of {rows} unguarded"
+                    assert split.row_tail, f"thread {tid} copies row {row} of {rows} unguarded"
                     break
                 for col in range(unit * unit_floats, (unit + 1) * unit_floats):
                     yield row, col
@@ -219,9 +224,9 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
     family = get_family("direct")
     tiles = family.complete_tiles(spec, tiles if isinstance(tiles, dict) else tiles.to_dict())
     context = family.plan(spec, tiles).context
-    rows_axis, cols_axis = context["axes"]
+    rows_axis, cols_axis = context.axes
     a, b = rows_axis["axis"], cols_axis["axis"]
-    window_floats = context["window_loads"] * 4 if context["vector_window"] else cols_axis["window_extent"]
+    window_floats = context.window_loads * 4 if context.vector_window else cols_axis["window_extent"]
     threads = (tiles.tile_h // tiles.rows_per_thread, tiles.tile_w // tiles.per_thread)
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
@@ -239,11 +244,11 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
         return evaluated[key]
 
     if tiles.variant == "tiled_tma":
-        assert context["box"] == (context["row_pitch"], rows_axis["halo_extent"]), context["box"]
-        copied = [(row, col) for row in range(rows_axis["halo_extent"]) for col in range(context["row_pitch"])]
+        assert context.box == (context.row_pitch, rows_axis["halo_extent"]), context.box
+        copied = [(row, col) for row in range(rows_axis["halo_extent"]) for col in range(context.row_pitch)]
     else:
-        copied = list(stage_copies(context["copy"], context["row_units"], rows_axis["halo_extent"],
-                                   4 if context["vector_load"] else 1, threads[0] * threads[1]))
+        copied = list(stage_copies(context.copy, context.row_units, rows_axis["halo_extent"],
+                                   4 if context.vector_load else 1, threads[0] * threads[1]))
 
     def plane(xp: np.ndarray, wp: np.ndarray) -> np.ndarray:
         """One 2D convolution (N, C, H, W) * (K, C, R, S) the way the kernel's blocks compute it."""
@@ -251,12 +256,12 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
         for ta in range(rows_axis["tiles"]):
             for tb in range(cols_axis["tiles"]):
                 origin_a = one(rows_axis["halo_origin"], **{f"tile{a}": ta})
-                origin_b = one(cols_axis["aligned_origin" if context["vector_load"] else "halo_origin"], **{f"tile{b}": tb})
-                if context["vector_load"] and (origin_b % 4 or size_b % 4):
+                origin_b = one(cols_axis["aligned_origin" if context.vector_load else "halo_origin"], **{f"tile{b}": tb})
+                if context.vector_load and (origin_b % 4 or size_b % 4):
                     raise AssertionError(f"16-byte copies from column {origin_b} of a row of {size_b}: misaligned")
                 if tiles.variant == "tiled_tma":   # the kernel's box starts at the aligned column
                     check_box_start("x", one(cols_axis["aligned_origin"], **{f"tile{b}": tb}))
-                shared = np.full((spec.n, spec.c, rows_axis["halo_extent"], context["row_pitch"]), np.nan)
+                shared = np.full((spec.n, spec.c, rows_axis["halo_extent"], context.row_pitch), np.nan)
                 for row, col in copied:
                     ia, ib = origin_a + row, origin_b + col
                     inside = 0 <= ia < size_a and 0 <= ib < size_b
@@ -264,19 +269,19 @@ def register_tiles_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.nda
                 for la in range(threads[0]):
                     for lb in range(threads[1]):
                         first_row = one(rows_axis["window_start"], **{f"l{a}": la})
-                        first_col = one(cols_axis["window_start"], **{f"l{b}": lb}) + context["window_start_shift"]
-                        if context["vector_window"] and first_col % 4:
+                        first_col = one(cols_axis["window_start"], **{f"l{b}": lb}) + context.window_start_shift
+                        if context.vector_window and first_col % 4:
                             raise AssertionError(f"float4 window read at shared column {first_col}: misaligned")
-                        if first_col + window_floats > context["row_pitch"]:
+                        if first_col + window_floats > context.row_pitch:
                             raise AssertionError(f"window of {window_floats} at column {first_col} passes the "
-                                                 f"row pitch {context['row_pitch']}")
+                                                 f"row pitch {context.row_pitch}")
                         acc = np.zeros((spec.n, spec.k, tiles.rows_per_thread, tiles.per_thread))
                         for r, taps in enumerate(rows_axis["window_taps"]):
                             window = shared[:, :, first_row + r, first_col:first_col + window_floats]
                             for u, ka in taps:
                                 for kb in range(spec.filter_size[b]):
                                     for v in range(tiles.per_thread):
-                                        e = context["window_offset"] + one(cols_axis["window_index"], v=v, **{f"k{b}": kb})
+                                        e = context.window_offset + one(cols_axis["window_index"], v=v, **{f"k{b}": kb})
                                         acc[:, :, u, v] += window[:, :, e] @ wp[:, :, ka, kb].T
                         for u in range(tiles.rows_per_thread):
                             for v in range(tiles.per_thread):
@@ -342,7 +347,7 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     are stored, or added where the tile is shared (NaN where nothing is written).  The hardware's
     share is taken from its documentation (``im2col_walk``); the GPU tests check that reading of it."""
     from codegen.families import get_family
-    from codegen.families.implicit_gemm import shared_tiles, stream_k_span
+    from codegen.families.gemm_tiles import shared_tiles, stream_k_span
 
     family = get_family("implicit_gemm")
     tiles = family.complete_tiles(spec, {**(tiles if isinstance(tiles, dict) else tiles.to_dict()), "tma": True})
@@ -350,7 +355,7 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     context = plan.context
     *x_maps, w_map = plan.launches[-1].tensor_maps
     alg = IndexAlgebra(spec)
-    transpose = index.transposed_filter_terms(alg)
+    transpose = transposed_filter_terms(alg)
     flat_w = np.asarray(w, dtype=np.float64).reshape(-1)
     wt = np.full(int(np.prod(transpose["shape"])), np.nan)
     t = np.arange(transpose["elements"])
@@ -365,35 +370,35 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         offset = coords[0] * 4 + sum(c * s for c, s in zip(coords[1:], tensor_map.strides))
         return np.where(inside, flat[np.where(inside, offset // 4, 0)], 0.0)
 
-    bm, bn, bk = context["BM"], context["BN"], context["BK"]
-    gemm_m, gemm_n = context["GEMM_M"], context["GEMM_N"]
-    if context["gather"]:
-        assert not context["vector_store"] or gemm_m // spec.n % 4 == 0, "float4 stores would cross an image"
+    bm, bn, bk = context.BM, context.BN, context.BK
+    gemm_m, gemm_n = context.GEMM_M, context.GEMM_N
+    if context.gather:
+        assert not context.vector_store or gemm_m // spec.n % 4 == 0, "float4 stores would cross an image"
     else:
-        assert not context["vector_store"] or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
+        assert not context.vector_store or gemm_n % 4 == 0, "float4 stores of a channel group would pass K"
     y = np.full(gemm_m * gemm_n, np.nan)
-    slices = context["slices"]
+    slices = context.slices
 
     def tile_rows(tile: int):
         """(flat output slice, tile row, channel count) of each of the tile's rows inside the output."""
-        col, n_tile = tile // context["n_tiles"] * bm, tile % context["n_tiles"] * bn
+        col, n_tile = tile // context.n_tiles * bm, tile % context.n_tiles * bn
         stored = range(n_tile, min(n_tile + bn, gemm_n))
         return [(slice((col + i) * gemm_n + stored.start, (col + i) * gemm_n + stored.stop), i, len(stored))
                 for i in range(bm) if col + i < gemm_m]
 
-    blocks = context["grid_blocks"]
-    for tile in shared_tiles(context["tiles_total"], slices, blocks) if context["stream_k"] else ():  # the zeroing launch
+    blocks = context.grid_blocks
+    for tile in shared_tiles(context.tiles_total, slices, blocks) if context.stream_k else ():  # the zeroing launch
         for flat, _, _ in tile_rows(tile):
             y[flat] = 0.0
 
     def work(block: int):
         """(tile, first slice, end slice) in the order the block takes them."""
-        if not context["stream_k"]:
-            yield from ((tile, 0, slices) for tile in range(block, context["tiles_total"], blocks))
+        if not context.stream_k:
+            yield from ((tile, 0, slices) for tile in range(block, context.tiles_total, blocks))
             return
-        for round_ in range(context["dp_rounds"]):
+        for round_ in range(context.dp_rounds):
             yield block + round_ * blocks, 0, slices
-        step, end = stream_k_span(block, context["tiles_total"], slices, blocks)
+        step, end = stream_k_span(block, context.tiles_total, slices, blocks)
         while step < end:
             tile = step // slices
             k_first = step - tile * slices
@@ -401,54 +406,54 @@ def tma_gemm_by_terms(spec, tiles, x: np.ndarray, w: np.ndarray) -> np.ndarray:
             step += k_last - k_first
             yield tile, k_first, k_last
 
-    if context["gather"]:
+    if context.gather:
         a_tile = _gathered_a_tile(spec, context, flat_x)
     else:
         a_tile = _im2col_a_tile(spec, context, flat_x, x_maps[0], read)
     for block in range(blocks):
         for tile, k_first, k_last in work(block):
-            col = tile // context["n_tiles"] * bm
-            n_tile = tile % context["n_tiles"] * bn
+            col = tile // context.n_tiles * bm
+            n_tile = tile % context.n_tiles * bn
             check_box_start(w_map.buffer, n_tile)      # every B box of the tile starts at n_tile
             load = a_tile(col)
             acc = np.zeros((bm, bn))
             for k in range(k_first, k_last):
-                kk, c0 = k // context["c_chunks"], k % context["c_chunks"] * bk
+                kk, c0 = k // context.c_chunks, k % context.c_chunks * bk
                 channels = c0 + np.arange(bk)[None, :]
                 b = read(wt, w_map, [n_tile + np.arange(bn)[None, :], channels.T, np.array(kk)])
                 acc += load(kk, c0) @ b
             whole = k_first == 0 and k_last == slices
             for flat, i, count in tile_rows(tile):
                 y[flat] = acc[i, :count] if whole else y[flat] + acc[i, :count]
-    if context["gather"]:   # the rows above are (pixel, channel); the kernel stores channels-first
+    if context.gather:   # the rows above are (pixel, channel); the kernel stores channels-first
         y = y.reshape(spec.n, -1, gemm_n).transpose(0, 2, 1)
     return y.reshape(alg.output_shape)
 
 
-def _im2col_a_tile(spec, context: dict, flat_x: np.ndarray, x_map, read):
+def _im2col_a_tile(spec, context: TmaIm2colContext, flat_x: np.ndarray, x_map, read):
     """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
     the producer's im2col copies load it (box origins from the printed expressions)."""
     alg = IndexAlgebra(spec)
-    im2col = index.im2col_map_terms(alg)["exprs"]
+    im2col = im2col_map_terms(alg)["exprs"]
 
     def a_tile(col: int):
         starts = []
-        for box in range(context["boxes"]):
-            pixel = {name: np.int64(v) for name, v in _pixel(alg, np.int64(col + box * context["box_m"])).items()}
+        for box in range(context.boxes):
+            pixel = {name: np.int64(v) for name, v in _pixel(alg, np.int64(col + box * context.box_m)).items()}
             starts.append((*(int(_eval(e, **pixel)) for e in im2col["origin"]), int(pixel["n"])))
 
         def load(kk: int, c0: int) -> np.ndarray:
             check_box_start(x_map.buffer, c0)
             offsets = tuple(int(_eval(e, kk=np.int64(kk))) for e in im2col["tap_offsets"])
             walk = np.array([pixel for start in starts
-                             for pixel in im2col_walk(x_map, (c0, *start), offsets, context["box_m"])])
-            channels = c0 + np.arange(context["BK"])[None, :]
+                             for pixel in im2col_walk(x_map, (c0, *start), offsets, context.box_m)])
+            channels = c0 + np.arange(context.BK)[None, :]
             return read(flat_x, x_map, [channels, *(walk[:, j, None] for j in range(1, walk.shape[1])), walk[:, :1]])
         return load
     return a_tile
 
 
-def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
+def _gathered_a_tile(spec, context: TmaGatherContext, flat_x: np.ndarray):
     """``a_tile(col)(kk, c0)``: the A tile of the pixels from ``col`` at tap kk, channels c0 on, as
     the producer warps gather it from a channels-first image: per pixel the printed base and
     origins, each pixel addressed as the kernel does (from its group's anchor pixel plus the
@@ -458,19 +463,19 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
     8-byte copy, it checks that each pair is aligned and in or out of the image together, and
     gives both elements the first pixel's validity, as the kernel does."""
     alg = IndexAlgebra(spec)
-    terms = index.gather_terms(alg)
+    terms = gather_terms(alg)
     exprs = terms["exprs"]
-    gemm_m, bk, bm = context["GEMM_M"], context["BK"], context["BM"]
-    columns, offsets = context["gather_columns"], context["gather_offsets"]
-    width = 2 if context["gather_pairs"] else 1
+    gemm_m, bk, bm = context.GEMM_M, context.BK, context.BM
+    columns, offsets = context.gather_columns, context.gather_offsets
+    width = 2 if context.gather_pairs else 1
     anchor, member_offset = np.arange(bm), np.zeros(bm, dtype=np.int64)
     for column in range(columns):
-        for group in context["gather_groups"]:
+        for group in context.gather_groups:
             for u, offset in group["members"]:
                 at = width * column + offsets[u]
                 anchor[at], member_offset[at] = width * column + offsets[group["anchor"]], offset
-    table = context["slice_table"]
-    flagged = context["gather_wide"] == "slice"      # the table's entries: 2 * offset + wide
+    table = context.slice_table
+    flagged = context.gather_wide is GatherWide.SLICE      # the table's entries: 2 * offset + wide
 
     def a_tile(col: int):
         cols = col + np.arange(bm, dtype=np.int64)
@@ -480,7 +485,7 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
         origins = {check["axis"]: _eval(exprs["a_origin"][check["axis"]], **pixel) for check in terms["a_checked"]}
 
         def load(kk: int, c0: int) -> np.ndarray:
-            k = kk * context["c_chunks"] + c0 // bk
+            k = kk * context.c_chunks + c0 // bk
             taps = {f"k{j}": np.int64(_eval(e, kk=np.int64(kk))) for j, e in enumerate(alg.tap_coords)}
             valid = inside.copy()
             for check in terms["a_checked"]:
@@ -492,7 +497,7 @@ def _gathered_a_tile(spec, context: dict, flat_x: np.ndarray):
                 slice_offset = table[k] >> 1 if flagged else table[k]
             channels = np.arange(bk)
             offset = base[:, None] + slice_offset + channels[None, :] * terms["channel_stride"]
-            wide = context["gather_wide"] == "always" or (flagged and table[k] & 1)
+            wide = context.gather_wide is GatherWide.ALWAYS or (flagged and table[k] & 1)
             if wide:
                 first = np.arange(0, bm, 2)
                 assert np.array_equal(valid[first], valid[first + 1]), "an 8-byte pair copy half in the padding"

@@ -13,7 +13,7 @@ import jinja2
 
 from codegen.version import __version__
 from codegen.launch_limits import block_index
-from codegen.families.base import KernelPlan, TemplateContext, format_bytes
+from codegen.families.base import KernelPlan, format_bytes
 
 PACKAGE_TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -40,12 +40,11 @@ class KernelSource:
 
 
 def _context(plan: KernelPlan) -> dict:
-    family_values = plan.context.variables() if isinstance(plan.context, TemplateContext) else plan.context
     return {
-        **family_values,
+        **plan.context.variables(),
         "version": __version__,
         "family": plan.family,
-        "family_template": f"{plan.family}.cu.j2",
+        "family_template": plan.template,
         "spec_line": plan.spec.describe(),
         "tiles_line": plan.tiles.describe(),
         "launches": plan.launches,

@@ -48,8 +48,9 @@ def main() -> int:
     from codegen.bench.layers import layer_spec, load_shapes, select_layers
     from codegen.bench.timing import interleaved_medians
     from codegen.families import im2win
-    from codegen.families.gemm import flops as gemm_flops
+    from codegen.families.gemm_tiles import flops as gemm_flops
     from codegen.spec import replace
+    from codegen.terms.im2win import window_tensor_shape
 
     shapes = load_shapes()
     results = []
@@ -59,7 +60,7 @@ def main() -> int:
             spec = layer_spec(layer, layout, layer["N"])
             case = CudnnCase(spec)
             cudnn_bytes = cudnn_extra_bytes(case.run_cudnn, case.y.nbytes)
-            per_image = math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
+            per_image = math.prod(window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
             heuristic = im2win.FAMILY.default_tiles(spec)
             fitting = [d for d in range(1, spec.n + 1) if spec.n % d == 0 and d * per_image <= cudnn_bytes]
             row = {"layer": layer["name"], "layout": layout, "cudnn_extra_mib": cudnn_bytes / 2**20,

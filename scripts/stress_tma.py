@@ -34,7 +34,7 @@ def cases(layer_names, shapes_file: Path | None = None) -> list[tuple[str, str, 
     or on those of ``shapes_file``."""
     from codegen.bench.direct import tiles_for
     from codegen.bench.layers import benchmark_layers, layer_spec, load_shapes, select_layers
-    from codegen.families import implicit_gemm
+    from codegen.families import gemm_heuristic, implicit_gemm
     from codegen.spec import SpecError
 
     shapes = load_shapes()
@@ -42,11 +42,11 @@ def cases(layer_names, shapes_file: Path | None = None) -> list[tuple[str, str, 
     for layer in select_layers(benchmark_layers(("conv2d_mec", "conv3d"), shapes_file), layer_names):
         for layout in ("NCDHW", "NDHWC") if "D" in layer else ("NCHW", "NHWC"):
             spec = layer_spec(layer, layout, layer["N"])
-            if not implicit_gemm.tma_suits(spec):
+            if not gemm_heuristic.tma_suits(spec):
                 continue
             for thread_m in (16, 8):
                 try:
-                    tiles = implicit_gemm.FAMILY.tma_tiles(spec, thread_m)
+                    tiles = gemm_heuristic.tma_tiles(spec, thread_m)
                     implicit_gemm.FAMILY.plan(spec, tiles)
                 except SpecError:
                     continue

@@ -83,7 +83,7 @@ def main() -> int:
     from codegen.bench.clocks import describe, sampler_for_current_device
     from codegen.bench.cudnn import CudnnCase
     from codegen.bench.layers import layer_spec, load_shapes, select_layers
-    from codegen.families.gemm import flops as gemm_flops
+    from codegen.families.gemm_tiles import flops as gemm_flops
 
     shapes = load_shapes()
     results = []

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from codegen import catalogue, index
+from codegen import catalogue
 from codegen.api import build, plan
 from codegen.compile import (NVRTC_CACHE_FIRST, CompileError, KernelCache, cache_key, compile_source,
                               compiler_fingerprint, nvrtc_version, options_for)
 from codegen.fuzz import gemm_tiles, specs
 from codegen.render import render_kernels
 from codegen.spec import ConvSpec, SpecError
+from codegen.terms.gemm import gemm_terms, row_table
 
 SPECS = {
     "2d-nchw": ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=1, input_size=(9, 8), filter_size=(3, 2), stride=(2, 1),
@@ -125,10 +126,10 @@ def test_gathered_tma_kernel_decodes_taps_where_the_slice_table_would_not_fit(mo
 
     spec = TMA_GEMM_SPECS["2d-nchw-pairs"]
     with_table = build("implicit_gemm", spec, {"tma": True}, arch="sm_90")
-    assert with_table.plan.context["gather_wide"] == "slice" and "_slices[9] = {" in with_table.source.code
+    assert with_table.plan.context.gather_wide == "slice" and "_slices[9] = {" in with_table.source.code
     monkeypatch.setattr(implicit_gemm, "SLICE_TABLE_LIMIT", 8)
     kernel = build("implicit_gemm", spec, {"tma": True}, arch="sm_90")
-    assert kernel.plan.context["slice_table"] is None and kernel.plan.context["gather_wide"] == "never"
+    assert kernel.plan.context.slice_table is None and kernel.plan.context.gather_wide == "never"
     assert "_slices" not in kernel.source.code and "convgen_copy8" not in kernel.source.code
     assert kernel.compiled.warnings == []
     assert all(r.spill_stores == 0 for r in kernel.compiled.resources.values())
@@ -211,7 +212,7 @@ def test_a_64_bit_tap_mask_is_formed_without_spilling(cache_dir):
     spec = ConvSpec(dims=3, layout="NDHWC", n=1, c=38, k=7, input_size=(3, 10, 9), filter_size=(4, 4, 3),
                     stride=(1, 3, 1), padding=(1, 3, 2), dilation=(1, 3, 1))
     kernel = build("implicit_gemm", spec, arch="sm_90")
-    assert kernel.plan.context["mask_bits"] == 64 and "inside0 & inside1 & inside2" in kernel.source.code
+    assert kernel.plan.context.mask_bits == 64 and "inside0 & inside1 & inside2" in kernel.source.code
     (resources,) = kernel.compiled.resources.values()
     assert resources.spill_stores == 0 and resources.stack_bytes == 0 and resources.registers <= 128
 
@@ -258,7 +259,7 @@ def _benchmark_layer_gemm_kernels() -> list:
     channels-first benchmark layers whose gathered file the catalogue does not ship (a user may
     still ask for it)."""
     from codegen.bench.layers import layer_spec, load_shapes
-    from codegen.families import implicit_gemm
+    from codegen.families import gemm_heuristic
 
     found = [e for e in catalogue.entries() if e.family in ("implicit_gemm", "im2win")]
     shipped = {e.name for e in found}
@@ -267,8 +268,8 @@ def _benchmark_layer_gemm_kernels() -> list:
         layout = "NCDHW" if "D" in layer else "NCHW"
         spec = layer_spec(layer, layout, layer["N"])
         name = f"{layer['name']}_{layout.lower()}_tma"
-        if implicit_gemm.tma_suits(spec) and name not in shipped:
-            found.append(catalogue.Entry("implicit_gemm", name, spec, implicit_gemm.FAMILY.tma_tiles(spec).to_dict()))
+        if gemm_heuristic.tma_suits(spec) and name not in shipped:
+            found.append(catalogue.Entry("implicit_gemm", name, spec, gemm_heuristic.tma_tiles(spec).to_dict()))
     return found
 
 
@@ -292,9 +293,10 @@ def test_gemm_heuristic_tiles_are_valid_and_load_a_along_pixels(spec):
     """The heuristic's tiles pass every geometry rule and their threads split the pixels evenly
     (so a channels-first A tile never falls back to loading along k); 96-channel tiles take 8x12
     micro-tiles, one warp across the channels."""
-    from codegen.families.gemm import check_geometry, heuristic, pixels_split_evenly
+    from codegen.families.gemm_heuristic import core_tiles
+    from codegen.families.gemm_tiles import check_geometry, pixels_split_evenly
 
-    tiles = heuristic(spec)
+    tiles = core_tiles(spec)
     check_geometry(tiles)
     assert pixels_split_evenly(tiles.block_m, tiles.threads), tiles
     if tiles.block_n == 96 and tiles.block_m > 32:
@@ -317,10 +319,10 @@ def test_gemm_heuristic_takes_48_wide_tiles_only_where_64_wide_ones_pad_a_third(
     """The channel tile (docs/perf-history.md GEMM v28): 48 wide, as 4x12 micro-tiles, where the usual
     tile pads K by at least 4/3 of what 48-wide tiles pad it to (K = 40, 48, 144 ran 1.26-1.45x
     faster), never where K fills the usual tiles (0.59-1.01x there)."""
-    from codegen.families.gemm import heuristic
+    from codegen.families.gemm_heuristic import core_tiles
 
     spec = ConvSpec(dims=2, layout="NCHW", n=8, c=16, k=k, input_size=(28, 28), filter_size=3, padding=1)
-    tiles = heuristic(spec)
+    tiles = core_tiles(spec)
     assert tiles.block_n == block_n
     if block_n == 48:
         assert (tiles.thread_m, tiles.thread_n, tiles.warp_m, tiles.warp_n) == (4, 12, 32, 48)
@@ -399,13 +401,13 @@ def test_implicit_gemm_heuristic_takes_the_tma_kernel_where_it_was_measured_fast
 
     def stream_k(name):
         spec = layer_spec(layers[name], "NDHWC" if "D" in layers[name] else "NHWC", layers[name]["N"])
-        return plan("implicit_gemm", spec, arch="sm_90").context["stream_k"]
+        return plan("implicit_gemm", spec, arch="sm_90").context.stream_k
 
     assert [name for name in faster if stream_k(name)] == ["conv4", "conv5", "conv6", "conv10", "conv11", "c3d_conv3",
                                                            "unet3d_l1"]
     conv4 = plan("implicit_gemm", layer_spec(layers["conv4"], "NHWC", 128), arch="sm_90")
     main, tail = (launch.kernel for launch in conv4.launches[-2:])
-    assert tail == main + "_tail" and conv4.context["tail_kernel"] == tail and conv4.launches[-3].kernel == main + "_zero"
+    assert tail == main + "_tail" and conv4.context.tail_kernel == tail and conv4.launches[-3].kernel == main + "_zero"
     assert not any(takes_tma(name, arch="sm_80") for name in faster)
     assert not any(takes_tma(name, channels_last=False) for name in layers)
     many_tiles = ConvSpec(dims=2, layout="NHWC", n=40, c=64, k=64, input_size=(66, 66), filter_size=3)
@@ -436,17 +438,17 @@ def test_the_partial_slice_comes_first_and_only_its_first_fetch_checks_rows(fami
     kernel_plan = plan(family, spec, {**fam.default_tiles(spec).to_dict(), **tiles}, arch="sm_90")
     context = kernel_plan.context
     gemm_k = 27
-    assert context["k_tail"] and context["k_pad"] == context["k_tiles"] * context["BK"] - gemm_k > 0
-    if context["precomp"]:
+    assert context.k_tail and context.k_pad == context.k_tiles * context.BK - gemm_k > 0
+    if context.precomp:
         alg = fam.algebra(spec)
-        rows = index.row_table(alg, index.gemm_terms(alg, "image" if family == "implicit_gemm" else "window"),
-                               tap_masks=bool(context["mask_bits"]))
-        assert context["table"][context["k_pad"]:] == rows
-        assert all(not any(entry) for entry in context["table"][:context["k_pad"]])
+        rows = row_table(alg, gemm_terms(alg, "image" if family == "implicit_gemm" else "window"),
+                         tap_masks=bool(context.mask_bits))
+        assert context.table[context.k_pad:] == rows
+        assert all(not any(entry) for entry in context.table[:context.k_pad])
     code = render_kernels(kernel_plan).code
     calls = re.findall(r"\bfetch\(([^;]*)\);", code)
     refills = [call for call in calls if "k_step + " in call]   # a pipeline's fetches ahead of the multiply
-    assert refills or context["stages"] == 1
+    assert refills or context.stages == 1
     assert all(call.endswith(", false") for call in refills)
     assert {call.rsplit(", ", 1)[1] for call in calls} <= {"false", "true", "s == 0", "k_step == 0"}
     assert "(!residue || row >= 0)" in code and "GEMM_K" not in code and f"row < {gemm_k}" not in code
@@ -456,13 +458,13 @@ def test_default_slice_depth_8_on_shallow_channels_last_inputs_only():
     """GEMM v34: 8-deep slices on channels-last inputs of at most 8 channels (1.03-1.23x on 11
     layers), 16 elsewhere, including v33's C x taps % 16 == 8 layers, whose rule paid for a check
     that the residue slice removed (16-deep slices 0.99-1.09x there)."""
-    from codegen.families import gemm, get_family
-    from codegen.families.implicit_gemm import SHALLOW_CHANNELS
+    from codegen.families import get_family
+    from codegen.families.gemm_heuristic import SHALLOW_CHANNELS, core_tiles
 
     def depths(layout, c, filter_size=5):
         spec = ConvSpec(dims=2, layout=layout, n=64, c=c, k=64, input_size=(56, 56), filter_size=filter_size,
                         padding=1)
-        assert gemm.heuristic(spec).split_k == 1 and gemm.heuristic(spec).block_k == 16
+        assert core_tiles(spec).split_k == 1 and core_tiles(spec).block_k == 16
         return get_family("implicit_gemm").default_tiles(spec).block_k
 
     assert [depths("NHWC", c) for c in (3, 4, SHALLOW_CHANNELS)] == [8] * 3
@@ -592,7 +594,7 @@ def test_row_table_without_tap_masks_is_read_as_it_is_stored(dims, filter_size, 
     spec = ConvSpec(dims=dims, layout=layout, n=1, c=2, k=3, input_size=(12,) * dims, filter_size=filter_size,
                     padding=padding)
     kernel_plan = plan("implicit_gemm", spec, tiles)
-    assert kernel_plan.context["mask_bits"] == 0 and kernel_plan.context["table_slots"] == slots
+    assert kernel_plan.context.mask_bits == 0 and kernel_plan.context.table_slots == slots
     kernel = build("implicit_gemm", spec, tiles, arch="sm_90")
     assert kernel.compiled.warnings == []
 
@@ -616,7 +618,7 @@ def test_gemm_pipeline_barriers_sit_in_dynamic_shared_memory_and_are_counted(til
     dynamic shared memory (static ones would pass the opt-in limit unseen, as they once did for the
     direct TMA kernel); the launch asks for them, and the one-stage and register-staging loops,
     which synchronise with __syncthreads, have none."""
-    from codegen.families.gemm import barrier_bytes, shared_bytes
+    from codegen.families.gemm_tiles import barrier_bytes, shared_bytes
 
     spec = ConvSpec(dims=2, layout="NCHW", n=2, c=64, k=64, input_size=(12, 12), filter_size=3)
     kernel_plan = plan("implicit_gemm", spec, tiles)
@@ -786,14 +788,14 @@ def test_gemm_loader_tests_only_the_slots_that_can_pass_the_tile(tiles):
     """Every element of a k-slice's A and B tiles is copied exactly once, and a copy is guarded
     exactly when some thread's slot would fall past the tile (``guard_from`` on).  The first
     tiles (192 threads, 128 pixels) load A along k and guard only the last pixel slot."""
-    from codegen.families.gemm import GemmTiles, _loader
+    from codegen.families.gemm_tiles import GemmTiles, loader
     from codegen.spec import SpecError
 
     full = GemmTiles(**{**GemmTiles().to_dict(), **tiles})
     threads = full.threads
     for rows, m_fastest in ((full.block_m, False), (full.block_m, True), (full.block_n, False)):
         try:
-            load = _loader(rows, full.block_k, threads, m_fastest, "tiles.block_m", full)
+            load = loader(rows, full.block_k, threads, m_fastest, "tiles.block_m", full)
         except SpecError:
             continue
         across = load["row_threads"] if load["m_fastest"] else load["group_threads"]

@@ -12,7 +12,7 @@ from codegen import device as devices
 from codegen.api import check_arch
 from codegen.emit import emit_source
 from codegen.device import REFERENCE, TARGETS, Device, as_device, named, resolve
-from codegen.families import gemm, get_family
+from codegen.families import gemm_heuristic, gemm_tiles
 
 SHAPES = json.loads((Path(__file__).resolve().parent.parent / "codegen" / "shapes.json").read_text())
 
@@ -62,7 +62,7 @@ def test_the_heuristic_plans_every_benchmark_layer_for_each_described_card(targe
         assert all(launch.shared_bytes <= card.shared_per_block for launch in kernel_plan.launches), name
         if kernel_plan.variant == "tma":
             persistent = kernel_plan.launches[-1].grid[0]
-            assert persistent <= card.sm_count * kernel_plan.context["resident_blocks"], name
+            assert persistent <= card.sm_count * kernel_plan.context.resident_blocks, name
 
 
 @pytest.mark.parametrize("target", ["a100", "l40s", "t4"])
@@ -78,9 +78,9 @@ def test_split_k_follows_the_cards_sm_count():
     """An output of 900 128 x 64 tiles: under 8 CTAs a SM on the H100's 132 SMs (1056), so split
     there; over it on the A100's 108 (864), so not."""
     spec = ConvSpec(dims=2, layout="NCHW", n=18, c=64, k=64, input_size=(80, 80), filter_size=3, padding=1)
-    h100, a100 = (gemm.heuristic(spec, device=TARGETS[t]) for t in ("h100", "a100"))
+    h100, a100 = (gemm_heuristic.core_tiles(spec, device=TARGETS[t]) for t in ("h100", "a100"))
     assert (h100.block_m, h100.block_n) == (a100.block_m, a100.block_n) == (128, 64)
-    assert gemm.tile_count(18 * 80 * 80, 64, 128, 64) == 900
+    assert gemm_tiles.tile_count(18 * 80 * 80, 64, 128, 64) == 900
     assert h100.split_k > 1 and a100.split_k == 1
 
 
@@ -90,7 +90,7 @@ def test_the_tma_kernel_is_chosen_only_where_the_card_has_it_and_sized_by_its_sm
     assert plan("implicit_gemm", spec, target="a100").variant != "tma"
     small = plan("implicit_gemm", spec, {"tma": True}, target="h100,sm_count=66")
     full = plan("implicit_gemm", spec, {"tma": True}, target="h100")
-    blocks = full.context["resident_blocks"]
+    blocks = full.context.resident_blocks
     assert small.launches[-1].grid[0] == 66 * blocks and full.launches[-1].grid[0] == 132 * blocks
 
 
@@ -104,9 +104,9 @@ def test_the_direct_tma_kernels_persistent_grid_is_the_cards():
 def test_a_card_with_less_shared_memory_gets_tiles_that_fit_it():
     """The TMA kernel's stages are as many as the card's shared memory per block holds."""
     spec = ConvSpec(dims=2, layout="NHWC", n=32, c=64, k=128, input_size=(56, 56), filter_size=3, padding=1)
-    roomy = get_family("implicit_gemm").tma_tiles(spec, device="h100")
-    tight = get_family("implicit_gemm").tma_tiles(spec, device=dataclasses.replace(REFERENCE, shared_per_block=100 << 10))
-    assert tight.stages < roomy.stages and gemm.tma_shared_bytes(tight) <= 100 << 10
+    roomy = gemm_heuristic.tma_tiles(spec, device="h100")
+    tight = gemm_heuristic.tma_tiles(spec, device=dataclasses.replace(REFERENCE, shared_per_block=100 << 10))
+    assert tight.stages < roomy.stages and gemm_tiles.tma_shared_bytes(tight) <= 100 << 10
 
 
 def test_targets_resolve_from_names_arches_and_overrides():

@@ -476,7 +476,7 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
                  ConvSpec(dims=2, layout="NCHW", n=3, c=32, k=64, input_size=(16, 32), filter_size=(3, 5),
                           padding=(1, 4), dilation=(1, 2))):
         for tiles in (tall, two_boxes):
-            assert plan("implicit_gemm", spec, tiles).context["shared_row_address"]
+            assert plan("implicit_gemm", spec, tiles).context.shared_row_address
             _assert_conv_matches("implicit_gemm", spec, tiles, 0)
     pairs = [  # even output rows: pixel pairs from one address a channel
         ConvSpec(dims=2, layout="NCHW", n=2, c=32, k=40, input_size=(9, 14), filter_size=3, padding=1),
@@ -488,21 +488,21 @@ def test_tma_implicit_gemm_on_edge_shapes(monkeypatch):
     for spec, wide in zip(pairs, ("slice", "never", "always", "never")):
         for tiles in ({"tma": True}, tall, two_boxes):
             context = plan("implicit_gemm", spec, tiles).context
-            assert context["gather_pairs"] and context["gather_wide"] == wide
+            assert context.gather_pairs and context.gather_wide == wide
             _assert_conv_matches("implicit_gemm", spec, tiles, 0)
-    from codegen.families import implicit_gemm
+    from codegen.families import gemm_heuristic, implicit_gemm
 
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "SLICE_TABLE_LIMIT", 0)
-        assert plan("implicit_gemm", pairs[0], {"tma": True}).context["slice_table"] is None
+        assert plan("implicit_gemm", pairs[0], {"tma": True}).context.slice_table is None
         _assert_conv_matches("implicit_gemm", pairs[0], {"tma": True}, 0)
     for layout, size in (("NHWC", 132), ("NCHW", 132), ("NCHW", 131)):
         shared = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(size, size), filter_size=3, padding=1)
         _assert_conv_matches("implicit_gemm", shared, {"tma": True, "block_m": 256, "block_n": 64, "stages": 3}, 0)
-    monkeypatch.setattr(implicit_gemm, "takes_stream_k", lambda tiles, count, blocks: True)
+    monkeypatch.setattr(gemm_heuristic, "takes_stream_k", lambda tiles, count, blocks: True)
     for layout in ("NHWC", "NCHW"):
         long_grid = ConvSpec(dims=2, layout=layout, n=8, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
-        assert plan("implicit_gemm", long_grid, two_boxes).context["tail_kernel"]
+        assert plan("implicit_gemm", long_grid, two_boxes).context.tail_kernel
         _assert_conv_matches("implicit_gemm", long_grid, two_boxes, 0)
 
 
@@ -582,18 +582,18 @@ def test_tuning_under_a_workspace_limit_times_only_what_fits_and_builds_under_it
 def test_tuner_never_chooses_a_planted_wrong_candidate(tmp_path, monkeypatch):
     """Test-only switch: candidates with block_k=32 skip their last K slice (faster, wrong)."""
     from codegen import tune
-    from codegen.families import gemm, get_family
+    from codegen.families import gemm_loop, get_family
 
     spec = ConvSpec(dims=2, layout="NCHW", n=16, c=64, k=64, input_size=(28, 28), filter_size=(3, 3), padding=1)
-    real_context = gemm.context
+    real_fields = gemm_loop.loop_fields
 
     def planted(spec_, tiles, *args, **kwargs):
-        context = real_context(spec_, tiles, *args, **kwargs)
+        fields = real_fields(spec_, tiles, *args, **kwargs)
         if tiles.block_k == 32:
-            context["k_tiles"] -= 1
-        return context
+            fields["k_tiles"] -= 1
+        return fields
 
-    monkeypatch.setattr(gemm, "context", planted)
+    monkeypatch.setattr(gemm_loop, "loop_fields", planted)
     family = get_family("implicit_gemm")
     base = family.default_tiles(spec).to_dict()
     space = [base, dict(base, block_k=32, stages=2), dict(base, block_k=16)]

@@ -11,6 +11,10 @@ from codegen import index, maps
 from codegen.fuzz import check_index_maps, specs, tma_specs
 from codegen.index import IndexAlgebra, bounds_check
 from codegen.spec import ConvSpec, Layout
+from codegen.terms.gemm import (gemm_terms, row_table, tap_mask_bits, tap_mask_patterns, unselected_addresses_inside,
+                                warp_lane_layout)
+from codegen.terms.im2win import window_tensor_shape
+from codegen.terms.implicit_gemm import gather_slices, gather_terms, im2col_map_terms
 
 
 @given(spec=specs(dims=2), seed=st.integers(0, 2**16))
@@ -100,10 +104,10 @@ def test_direct_kernels_prove_their_index_type_without_the_column_matrix():
     from codegen.api import plan
 
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8192, 8192), filter_size=(9, 9), padding=4)
-    assert plan("im2col", spec).context["idx_t"] == "long long"
+    assert plan("im2col", spec).context.idx_t == "long long"
     for variant in ("basic", "tiled_halo", "tiled_register"):
         context = plan("direct", spec, {"variant": variant}).context
-        assert context["idx_t"] == "int" and context["largest_index"] < 2**31
+        assert context.idx_t == "int" and context.largest_index < 2**31
 
 
 def test_implicit_gemm_proves_its_index_type_without_the_column_matrix():
@@ -113,15 +117,15 @@ def test_implicit_gemm_proves_its_index_type_without_the_column_matrix():
     from codegen.api import plan
 
     conv4 = ConvSpec(dims=2, layout="NCHW", n=128, c=64, k=64, input_size=(224, 224), filter_size=(7, 7), stride=2)
-    assert plan("im2col", conv4).context["idx_t"] == "long long"
-    assert plan("implicit_gemm", conv4).context["idx_t"] == "int"
+    assert plan("im2col", conv4).context.idx_t == "long long"
+    assert plan("implicit_gemm", conv4).context.idx_t == "int"
     huge_image = ConvSpec(dims=2, layout="NCHW", n=9, c=1, k=1, input_size=(16384, 16384), filter_size=(1, 1))
-    assert plan("implicit_gemm", huge_image).context["idx_t"] == "long long"
+    assert plan("implicit_gemm", huge_image).context.idx_t == "long long"
     long_row = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(1, 2**31 - 1), filter_size=(1, 1))
-    assert plan("implicit_gemm", long_row).context["idx_t"] == "int"
+    assert plan("implicit_gemm", long_row).context.idx_t == "int"
     tiles_of_96 = {"block_m": 96, "block_n": 32, "warp_m": 48, "warp_n": 32, "thread_m": 12, "thread_n": 4}
     context = plan("implicit_gemm", long_row, tiles_of_96).context
-    assert context["idx_t"] == "long long" and context["largest_index"] >= 2**31
+    assert context.idx_t == "long long" and context.largest_index >= 2**31
 
 
 def test_index_type_counts_the_padded_thread_grid():
@@ -174,7 +178,7 @@ def test_row_table_is_exact_where_float_division_rounds_down():
     """floor(49/49) evaluated as floor(49 * (1/49)) is 0: the table must use integer division."""
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=3, k=1, input_size=(20, 20), filter_size=(7, 7), stride=2)
     alg = IndexAlgebra(spec)
-    table = index.row_table(alg, index.gemm_terms(alg, "image"))
+    table = row_table(alg, gemm_terms(alg, "image"))
     expected = [c * 400 + r * 20 + s for c in range(3) for r in range(7) for s in range(7)]
     assert [entry[0] for entry in table] == expected
 
@@ -184,7 +188,7 @@ def test_row_table_is_exact_where_float_division_rounds_down():
 def test_tap_mask_width_follows_the_taps_and_the_padding(filter_size, padding, bits):
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=2, k=1, input_size=(12, 12), filter_size=filter_size, padding=padding)
     alg = IndexAlgebra(spec)
-    assert index.tap_mask_bits(alg, index.gemm_terms(alg, "image")) == bits
+    assert tap_mask_bits(alg, gemm_terms(alg, "image")) == bits
 
 
 def _pixels(alg):
@@ -203,7 +207,7 @@ def _pixels(alg):
 def test_tap_masks_agree_with_the_per_axis_bounds_checks(spec):
     """Mask bits above 31 included (49 taps): gemm_by_maps raises when the two tests disagree."""
     alg = IndexAlgebra(spec)
-    terms = index.gemm_terms(alg, "image")
+    terms = gemm_terms(alg, "image")
     pixel = _pixels(alg)
     masked = maps.inside_by_tap_masks(alg, terms, pixel)
     assert masked.shape == (alg.cols, alg.rows) and 0 < masked.sum() < masked.size
@@ -216,7 +220,7 @@ def test_tap_mask_factors_name_each_filter_position_of_each_padded_axis():
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(6, 9), filter_size=(2, 3), padding=1,
                     dilation=(1, 2))
     alg = IndexAlgebra(spec)
-    factors = index.tap_mask_patterns(alg, index.gemm_terms(alg, "image"))
+    factors = tap_mask_patterns(alg, gemm_terms(alg, "image"))
     assert factors == [
         {"axis": 0, "size": 6, "positions": [{"disp": 0, "bits": 0b000111}, {"disp": 1, "bits": 0b111000}]},
         {"axis": 1, "size": 9, "positions": [{"disp": 0, "bits": 0b001001}, {"disp": 2, "bits": 0b010010},
@@ -228,8 +232,8 @@ def test_factored_tap_masks_equal_the_per_tap_bounds_test(spec):
     """The AND over padded axes of the positions that land inside gives, for every pixel and tap,
     what testing each tap on each axis gives (taps up to 64, 3D included)."""
     alg = IndexAlgebra(spec)
-    terms = index.gemm_terms(alg, "image")
-    assume(index.tap_mask_bits(alg, terms))
+    terms = gemm_terms(alg, "image")
+    assume(tap_mask_bits(alg, terms))
     pixel = _pixels(alg)
     kk = np.arange(alg.taps)
     inside = np.ones((alg.cols, alg.taps), dtype=bool)
@@ -238,7 +242,7 @@ def test_factored_tap_masks_equal_the_per_tap_bounds_test(spec):
         origin = index.evaluate(terms["exprs"]["a_origin"][j], pixel)
         coordinate = origin[:, None] + index.evaluate(alg.tap_coords[j], {"kk": kk})[None, :] * spec.dilation[j]
         inside &= (coordinate >= 0) & (coordinate < check["size"])
-    row_taps = np.array(index.row_table(alg, terms, tap_masks=True))[:, 1]
+    row_taps = np.array(row_table(alg, terms, tap_masks=True))[:, 1]
     assert np.array_equal(maps.inside_by_tap_masks(alg, terms, pixel), inside[:, row_taps])
 
 
@@ -251,7 +255,7 @@ def test_im2win_transform_maps_match_slicing(spec, seed):
     alg = IndexAlgebra(spec)
     x = np.random.default_rng(seed).uniform(-1, 1, alg.image_shape)
     expected = window_tensor_reference(spec, x)
-    assert expected.shape == index.window_tensor_shape(alg)
+    assert expected.shape == window_tensor_shape(alg)
     assert np.array_equal(window_tensor_by_maps(alg, x), expected)
 
 
@@ -269,7 +273,7 @@ def test_im2win_chunks_cover_the_batch(spec, chunk, chunks, seed):
     spec = replace(spec, n=chunk * chunks)
     plan = make_plan("im2win", spec, {"batch_chunk": chunk})
     assert plan.chunks == chunks and len(list(plan.schedule)) == 2 * chunks
-    assert plan.workspaces[0].shape == index.window_tensor_shape(IndexAlgebra(replace(spec, n=chunk)))
+    assert plan.workspaces[0].shape == window_tensor_shape(IndexAlgebra(replace(spec, n=chunk)))
     family = get_family("im2win")
     x, w = family.make_inputs(spec, np.random.default_rng(seed))
     assert compare(im2win_chunks_by_maps(plan, x, w), family.reference(spec, x, w)) is None
@@ -382,7 +386,7 @@ def test_tma_gather_shares_one_address_among_contiguous_pixels(spec, block_m, se
     from codegen.maps import tma_gemm_by_terms
 
     alg = index.IndexAlgebra(spec)
-    terms = index.gather_terms(alg)
+    terms = gather_terms(alg)
     assert terms["pixels_contiguous"]
     pixels = math.prod(alg.out_size)
     col = np.arange(alg.cols)
@@ -392,12 +396,12 @@ def test_tma_gather_shares_one_address_among_contiguous_pixels(spec, block_m, se
     assert np.array_equal(np.diff(base)[same_image[1:]], np.ones(int(same_image[1:].sum()), dtype=np.int64))
     tiles = {"block_m": block_m, "block_n": 64, "thread_m": 16, "warp_m": 64, "stages": 3}
     family = get_family("implicit_gemm")
-    shared = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context["shared_row_address"]
+    shared = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context.shared_row_address
     assert shared == (pixels % block_m == 0)
     x, w = family.make_inputs(spec, np.random.default_rng(seed))
     assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
     wider = ConvSpec(**{**spec.to_dict(), "padding": (spec.padding[0], *(p + 1 for p in spec.padding[1:]))})
-    assert not index.gather_terms(index.IndexAlgebra(wider))["pixels_contiguous"]
+    assert not gather_terms(index.IndexAlgebra(wider))["pixels_contiguous"]
 
 
 @st.composite
@@ -440,20 +444,20 @@ def test_tma_gather_copies_pixel_pairs_from_one_address(spec, block_m, seed):
     from codegen.maps import tma_gemm_by_terms
 
     alg = index.IndexAlgebra(spec)
-    terms = index.gather_terms(alg)
+    terms = gather_terms(alg)
     tiles, context = _gather_plan(spec, block_m)
     shared = terms["pixels_contiguous"] and math.prod(alg.out_size) % block_m == 0
-    assert context["shared_row_address"] == shared and context["gather_pairs"] == (not shared)
-    assert terms["pair_step"] == spec.stride[-1] and len(context["gather_groups"][0]["members"]) >= 2
-    slices = index.gather_slices(alg, 32)
+    assert context.shared_row_address == shared and context.gather_pairs == (not shared)
+    assert terms["pair_step"] == spec.stride[-1] and len(context.gather_groups[0]["members"]) >= 2
+    slices = gather_slices(alg, 32)
     w_even = [((kk % spec.filter_size[-1]) * spec.dilation[-1] - spec.padding[-1]) % 2 == 0
               for kk in range(alg.taps) for _ in range(spec.c // 32)]
     assert [wide for _, wide in slices] == w_even
-    assert context["slice_table"] == ([2 * offset + wide for offset, wide in slices] if context["gather_wide"] == "slice"
+    assert context.slice_table == ([2 * offset + wide for offset, wide in slices] if context.gather_wide == "slice"
                                       else [offset for offset, _ in slices])
     aligned = spec.stride[-1] == 1 and spec.input_size[-1] % 2 == 0
     expected_wide = ("never" if shared or not aligned or not any(w_even) else "always" if all(w_even) else "slice")
-    assert context["gather_wide"] == expected_wide
+    assert context.gather_wide == expected_wide
     family = get_family("implicit_gemm")
     x, w = family.make_inputs(spec, np.random.default_rng(seed))
     assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
@@ -471,16 +475,16 @@ def test_tma_gather_model_catches_a_wrong_pair_offset_or_a_misaligned_pair_copy(
     x, w = family.make_inputs(spec, np.random.default_rng(0))
     tiles = {"block_m": 256, "block_n": 64, "thread_m": 16, "warp_m": 64, "stages": 3}
     assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
-    context = implicit_gemm.ImplicitGemm._gather_context
+    fields = implicit_gemm.gather_fields
 
     def shifted(alg, tiles):
-        found = context(alg, tiles)
+        found = fields(alg, tiles)
         return {**found, "gather_groups": [{"anchor": g["anchor"], "members": [(u, o - (u % 2)) for u, o in g["members"]]}
                                            for g in found["gather_groups"]]}
-    monkeypatch.setattr(implicit_gemm.ImplicitGemm, "_gather_context", staticmethod(shifted))
+    monkeypatch.setattr(implicit_gemm, "gather_fields", shifted)
     assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is not None
-    monkeypatch.setattr(implicit_gemm.ImplicitGemm, "_gather_context",
-                        staticmethod(lambda alg, tiles: {**context(alg, tiles), "gather_wide": "always"}))
+    monkeypatch.setattr(implicit_gemm, "gather_fields",
+                        lambda alg, tiles: {**fields(alg, tiles), "gather_wide": implicit_gemm.GatherWide.ALWAYS})
     with pytest.raises(AssertionError, match="odd element"):
         tma_gemm_by_terms(spec, tiles, x, w)
 
@@ -503,7 +507,7 @@ def test_gather_terms_split_the_image_offset_into_pixel_tap_and_channel(spec):
     """base(pixel) + tap_delta(tap) + c * channel_stride is x_offset of the input pixel the output
     pixel reads at that tap, for every pixel, tap and channel."""
     alg = index.IndexAlgebra(spec)
-    terms = index.gather_terms(alg)
+    terms = gather_terms(alg)
     col = np.arange(alg.cols)
     coords = dict(zip(["n", *(f"o{j}" for j in range(spec.dims))], (index.evaluate(e, {"col": col}) for e in alg.col_coords)))
     base = index.evaluate(terms["exprs"]["a_base"], coords)
@@ -520,7 +524,7 @@ def test_stream_k_tail_covers_every_step_once_in_near_equal_shares():
     """Data-parallel rounds (tile = block + round * blocks) then the tail in equal step spans:
     together every (tile, slice) step once; a tile is shared exactly when two blocks' work meets
     inside it."""
-    from codegen.families.implicit_gemm import data_parallel_rounds, shared_tiles, stream_k_span
+    from codegen.families.gemm_tiles import data_parallel_rounds, shared_tiles, stream_k_span
 
     for tiles, slices, blocks in ((2971, 98, 132), (137, 9, 132), (264, 9, 132), (7, 5, 7), (200, 27, 132),
                                   (6050, 18, 132)):
@@ -551,8 +555,8 @@ def test_tma_stream_k_sums_shared_tiles_on_the_cpu():
     for layout in ("NHWC", "NCHW"):
         spec = ConvSpec(dims=2, layout=layout, n=2, c=8, k=64, input_size=(132, 132), filter_size=3, padding=1)
         context = family.plan(spec, family.complete_tiles(spec, {**tiles, "tma": True})).context
-        assert context["tiles_total"] == 137 and context["grid_blocks"] == 132
-        assert context["stream_k"] and context["split_tiles"] > 0
+        assert context.tiles_total == 137 and context.grid_blocks == 132
+        assert context.stream_k and context.split_tiles > 0
         x, w = family.make_inputs(spec, np.random.default_rng(7))
         assert compare(tma_gemm_by_terms(spec, tiles, x, w), family.reference(spec, x, w)) is None
 
@@ -565,7 +569,7 @@ def test_im2col_walk_wraps_rows_and_images_inside_the_corners():
 
     spec = ConvSpec(dims=2, layout="NHWC", n=2, c=4, k=1, input_size=(4, 5), filter_size=(2, 3), stride=2,
                     padding=(0, 1))
-    terms = index.im2col_map_terms(IndexAlgebra(spec))
+    terms = im2col_map_terms(IndexAlgebra(spec))
     assert index.output_size(spec) == (2, 3)
     tensor_map = TensorMap("x", terms["dims"], terms["strides"], (32, 7), corners=(terms["lower"], terms["upper"]),
                            element_strides=terms["element_strides"])
@@ -590,11 +594,11 @@ def test_register_tiles_copy_16_bytes_from_an_aligned_column():
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=1, k=1, input_size=(8, 16), filter_size=3, padding=1)
     context = index_plan(spec, {"variant": "tiled_register", "per_thread": 4, "tile_w": 8, "rows_per_thread": 2,
                                 "tile_h": 4})
-    cols = context["axes"][1]
-    assert context["vector_load"] and context["vector_window"] and context["vector_store"]
+    cols = context.axes[1]
+    assert context.vector_load and context.vector_window and context.vector_store
     assert (cols["lead"], cols["aligned_origin"]) == (3, "8*tile1 - 4")
-    assert context["row_units"] == 4 and context["row_pitch"] == 16      # columns 8*tile1 - 4 .. 8*tile1 + 11
-    assert context["axes"][0]["window_taps"][2] == [(0, 2), (1, 1)]
+    assert context.row_units == 4 and context.row_pitch == 16      # columns 8*tile1 - 4 .. 8*tile1 + 11
+    assert context.axes[0]["window_taps"][2] == [(0, 2), (1, 1)]
 
 
 def index_plan(spec, tiles):
@@ -620,11 +624,11 @@ def test_unselected_addresses_are_inside_only_without_padding():
     (and base alone, the table's padding rows of the residue slice) is inside the image; with padding some are not."""
     def formed(spec):
         alg = IndexAlgebra(spec)
-        terms = index.gemm_terms(alg, "image")
-        delta = np.array([entry[0] for entry in index.row_table(alg, terms)])
+        terms = gemm_terms(alg, "image")
+        delta = np.array([entry[0] for entry in row_table(alg, terms)])
         base = index.evaluate(terms["exprs"]["a_base"], _pixels(alg))
         offsets = np.concatenate([(base[:, None] + delta[None, :]).ravel(), base])
-        return index.unselected_addresses_inside(alg, terms), offsets.min(), offsets.max(), alg.image_elements
+        return unselected_addresses_inside(alg, terms), offsets.min(), offsets.max(), alg.image_elements
 
     unpadded = ConvSpec(dims=2, layout="NCHW", n=2, c=3, k=1, input_size=(23, 23), filter_size=(11, 11), stride=4)
     inside, low, high, size = formed(unpadded)
@@ -641,7 +645,7 @@ def test_warp_lane_layout_places_each_lane_once_and_pairs_fragment_reads(lanes_m
     fragment (the pairs that let a float4 shared-memory read return in two wavefronts)."""
     lanes_n = 32 // lanes_m
     lane = np.arange(32)
-    lane_m, lane_n = (index.evaluate(e, {"lane": lane}) for e in index.warp_lane_layout(lanes_m, lanes_n))
+    lane_m, lane_n = (index.evaluate(e, {"lane": lane}) for e in warp_lane_layout(lanes_m, lanes_n))
     assert sorted(zip(lane_m.tolist(), lane_n.tolist())) == list(itertools.product(range(lanes_m), range(lanes_n)))
     if lanes_m > 1 and lanes_n > 1:
         assert (lane_m == lane_m[lane ^ 1]).all()

@@ -162,7 +162,7 @@ def test_planning_a_batch_of_2_31_images_takes_no_time(family):
 
 def test_a_table_linear_in_c_x_taps_is_not_written_past_its_bound():
     """precomp's row table and the TMA kernel's slice table go into the source one entry a row: the
-    heuristic leaves them out past gemm.TABLE_MAX_ROWS rows, and tiles asking for them are refused."""
+    heuristic leaves them out past gemm_tiles.TABLE_MAX_ROWS rows, and tiles asking for them are refused."""
     spec = ConvSpec(dims=2, layout="NCHW", n=1, c=70_000, k=8, input_size=(4, 4), filter_size=1)
     tiles = get_family("implicit_gemm").heuristic_tiles(spec, "sm_90")
     assert not tiles.precomp

@@ -1,12 +1,15 @@
 """Rendering: deterministic, self-describing, strict about missing context."""
+import dataclasses
 import subprocess
 import sys
+from typing import Any
 
 import jinja2
 import pytest
 
 from codegen import __version__
 from codegen.api import plan
+from codegen.families.base import TemplateContext
 from codegen.render import environment, render, render_kernels
 from codegen.spec import ConvSpec
 
@@ -52,12 +55,34 @@ def test_different_specs_render_different_kernel_names():
 
 
 def test_missing_context_is_an_error_not_an_empty_string():
+    """A template that reads a field its context class lacks fails to render (StrictUndefined)."""
     kernel_plan = plan("im2col", SPEC)
-    broken = type(kernel_plan)(**{**kernel_plan.__dict__, "context": {k: v for k, v in kernel_plan.context.items()
-                                                                       if k != "cols"}})
+    kept = [item for item in dataclasses.fields(kernel_plan.context) if item.name != "cols"]
+    lacking = dataclasses.make_dataclass("LackingCols", [(item.name, Any) for item in kept], bases=(TemplateContext,),
+                                         frozen=True)
+    context = lacking(**{item.name: getattr(kernel_plan.context, item.name) for item in kept})
+    broken = dataclasses.replace(kernel_plan, context=context)
     with pytest.raises(jinja2.UndefinedError, match="cols"):
         render(broken)
     assert environment().undefined is jinja2.StrictUndefined
+
+
+def test_a_plan_names_its_template_and_the_tma_kernel_has_its_own():
+    """A plan renders ``<family>.cu.j2`` unless it names another: implicit_gemm's TMA kernel lives in
+    its own template, and its context's enums reach the template as their strings."""
+    from codegen.families.gemm_tiles import GemmVariant
+    from codegen.families.implicit_gemm import GatherWide, TmaGatherContext, TmaIm2colContext
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=32, k=64, input_size=(10, 10), filter_size=3, padding=1)
+    portable, tma = plan("implicit_gemm", spec), plan("implicit_gemm", spec, {"tma": True})
+    assert (portable.template, tma.template) == ("implicit_gemm.cu.j2", "implicit_gemm_tma.cu.j2")
+    assert plan("im2col", spec).template == "im2col.cu.j2"
+    assert portable.context.variant is GemmVariant.PRECOMP and tma.context.variant is GemmVariant.TMA
+    assert isinstance(tma.context, TmaIm2colContext) and tma.context.variables()["variant"] == "tma" == tma.variant
+    gathered = plan("implicit_gemm", ConvSpec.from_dict({**spec.to_dict(), "layout": "NCHW"}), {"tma": True}).context
+    assert isinstance(gathered, TmaGatherContext) and isinstance(gathered.gather_wide, GatherWide)
+    assert type(gathered.variables()["gather_wide"]) is str
+    assert "convgen_im2col_copy(" in render_kernels(tma).code and "convgen_im2col_copy(" not in render_kernels(portable).code
 
 
 def test_generated_source_is_tidy():
@@ -128,7 +153,7 @@ def test_block_wide_pixel_loader_reads_the_row_table_at_constant_rows(block_m, t
     tiles = {"block_m": block_m, "block_n": 64, "block_k": 16, "warp_m": 32, "warp_n": 64 * thread_m // 8,
              "thread_m": thread_m, "thread_n": 8, "vector_load": False}
     kernel_plan = plan("implicit_gemm", spec, tiles)
-    assert kernel_plan.context["a_load"]["m_fastest"] and kernel_plan.launches[0].block == (128, 1, 1)
+    assert kernel_plan.context.a_load["m_fastest"] and kernel_plan.launches[0].block == (128, 1, 1)
     loader = render_kernels(kernel_plan).code.split("auto fetch")[1].split("&Bs[")[0]
     slots = [line.split("=")[1].strip(" ;") for line in loader.splitlines() if "const int k_local" in line]
     slots = [slot for slot in slots if "tid %" not in slot]  # B's first slot (k-fastest) comes before its copy

@@ -179,7 +179,7 @@ def test_tma_plan_passes_the_image_as_a_tensor_map():
     assert (launch.grid, launch.block, launch.args) == ((132, 1, 1), (288, 1, 1), ("y",))
     assert (tensor_map.buffer, tensor_map.dims, tensor_map.box) == ("x", (8192, 8192, 1, 1), (136, 40, 1, 1))
     assert tensor_map.strides == (8192 * 4, 8192 * 8192 * 4, 8192 * 8192 * 4)
-    assert kernel_plan.min_arch == 90 and kernel_plan.context["tiles_total"] == 64 * 256
+    assert kernel_plan.min_arch == 90 and kernel_plan.context.tiles_total == 64 * 256
     assert launch.shared_bytes == 128 + 4 * 40 * 136 * 4      # barriers, then 4 buffers of one box
 
 
@@ -192,7 +192,7 @@ def test_tma_implicit_gemm_refusals_name_the_field_and_what_is_allowed():
     tma = {"tma": True}
     last = make(c=8, k=40)
     gathered = plan("implicit_gemm", make(layout="NCHW", input_size=(32, 40), stride=(1, 9), padding=(129, 0)), tma)
-    assert gathered.context["gather"] and [m.buffer for m in gathered.launches[-1].tensor_maps] == ["wt"]
+    assert gathered.context.gather and [m.buffer for m in gathered.launches[-1].tensor_maps] == ["wt"]
     with pytest.raises(SpecError, match="dpitch=3.*multiple of 4 with tma=True"):
         plan("implicit_gemm", make(), tma)
     with pytest.raises(SpecError, match="stride\\[1\\]=9.*at most 8"):

@@ -9,8 +9,8 @@ import pytest
 
 from codegen import tune, tuning_db
 from codegen.api import plan
-from codegen.families import get_family
-from codegen.families.gemm import check_geometry, register_estimate, shared_bytes
+from codegen.families import gemm_heuristic, get_family
+from codegen.families.gemm_tiles import check_geometry, register_estimate, shared_bytes
 from codegen.spec import ConvSpec
 from codegen.tiles import DYNAMIC_SHARED_LIMIT
 
@@ -246,7 +246,7 @@ def test_channels_last_space_holds_both_tma_micro_tiles_and_the_tma_seed():
     tma = [c for c in fam.tuning_space(spec) if c["tma"]]
     assert {c["thread_m"] for c in tma} == {8, 16} and any(c["block_m"] == 512 for c in tma)
     members = {json.dumps(c, sort_keys=True) for c in tma}
-    assert json.dumps(fam.tma_tiles(spec).to_dict(), sort_keys=True) in members
+    assert json.dumps(gemm_heuristic.tma_tiles(spec).to_dict(), sort_keys=True) in members
 
 
 def test_the_tuner_compiles_a_register_split_candidate_for_sm_90a_as_build_does():
@@ -254,11 +254,11 @@ def test_the_tuner_compiles_a_register_split_candidate_for_sm_90a_as_build_does(
     instruction) is compiled for sm_90a: the tuner once compiled candidates for plain sm_90 by its
     own path, and ptxas refused them, ending the whole tuning run (r50_l2_3x3 on the H100)."""
     from codegen.bench.layers import layer_spec, load_shapes
-    from codegen.families.gemm import tma_register_split
+    from codegen.families.gemm_tiles import tma_register_split
 
     shape = next(l for l in load_shapes()["conv2d_mec"] if l["name"] == "conv8")
     spec = layer_spec(shape, "NHWC", shape["N"])
-    tiles = get_family("implicit_gemm").tma_tiles(spec)
+    tiles = gemm_heuristic.tma_tiles(spec)
     assert tma_register_split(tiles) is not None
     kernel = tune.compile_candidate("implicit_gemm", spec, tiles.to_dict(), "sm_90")
     assert not isinstance(kernel, tune.Trial), kernel.detail
@@ -474,8 +474,8 @@ def test_under_a_limit_im2win_also_tries_the_full_chunk_heuristic_at_the_smaller
     assert chunk < full.batch_chunk and shrunk != family.tiles_within(spec, limit).to_dict()
     assert family.tuning_seeds(spec, limit)[0] == shrunk and shrunk in family.tuning_space(spec, limit)
     assert plan("im2win", spec, shrunk).workspace_bytes <= limit
-    from codegen.families import gemm
+    from codegen.families import gemm_tuning
     from codegen.spec import replace
 
-    core_seeds = gemm.tuning_seeds(replace(spec, n=full.batch_chunk))
+    core_seeds = gemm_tuning.tuning_seeds(replace(spec, n=full.batch_chunk))
     assert family.tuning_seeds(spec) == [dict(t, batch_chunk=full.batch_chunk) for t in core_seeds]  # no limit

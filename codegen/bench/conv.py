@@ -48,8 +48,8 @@ MEASURED = ("tiles", "extra_bytes", "relative_error_vs_cudnn", "ms", "tflops", "
 def extra_bytes(plan) -> int:
     """Device memory a plan needs beyond inputs and output: workspaces plus the precomputed row
     table baked into the module."""
-    table = plan.context.get("table") or []
-    return plan.workspace_bytes + len(table) * 4 * plan.context.get("table_slots", 1)
+    table = getattr(plan.context, "table", None) or []      # only the GEMM families have a row table
+    return plan.workspace_bytes + len(table) * 4 * getattr(plan.context, "table_slots", 1)
 
 
 ROUNDS = 3
@@ -69,9 +69,9 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
 
     from codegen.api import build
     from codegen.device import resolve as resolve_device
-    from codegen.families import get_family, im2win, implicit_gemm
+    from codegen.families import gemm_heuristic, get_family, im2win
     from codegen.tuning_db import tuned_tiles
-    from codegen.families.gemm import flops as gemm_flops
+    from codegen.families.gemm_tiles import flops as gemm_flops
     from codegen.index import IndexAlgebra
     from codegen.spec import SpecError
 
@@ -129,8 +129,8 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
         groups.append([prepare(family, "heuristic", get_family(family).default_tiles(spec).to_dict())])
         if family == "im2win":
             groups.append([within_cudnn()])
-        if family == "implicit_gemm" and implicit_gemm.tma_suits(spec):
-            groups.append([prepare(family, "tma", implicit_gemm.FAMILY.tma_tiles(spec).to_dict())])
+        if family == "implicit_gemm" and gemm_heuristic.tma_suits(spec):
+            groups.append([prepare(family, "tma", gemm_heuristic.tma_tiles(spec).to_dict())])
         if tuned and family in ("implicit_gemm", "im2win"):
             recorded = tuned_tiles(family, spec)
             groups.append([prepare(family, "tuned", recorded) if recorded else

@@ -51,7 +51,7 @@ class TensorMap:
 
     ``swizzle`` (0 or 128 bytes) permutes the 16-byte chunks of each 128-byte shared-memory row
     (chunk j of row r lands at j ^ (r % 8)), so that reads down a column spread over the banks.
-    With ``corners`` the map is an *im2col* map (``index.im2col_map_terms``): the lower and upper
+    With ``corners`` the map is an *im2col* map (``terms.implicit_gemm.im2col_map_terms``): the lower and upper
     corners of the spatial axes, innermost first, ``box`` is (channels per pixel, pixels per
     column) and ``element_strides`` the traversal stride of every dimension."""
 
@@ -184,6 +184,67 @@ def _template_value(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
+@dataclass(frozen=True, kw_only=True)
+class IndexContext(TemplateContext):
+    """The index maps of ``index.template_context``, as C with the spec's constants folded in
+    (coordinate lists name one C expression per coordinate)."""
+
+    idx_t: str
+    """The C index type: ``int`` while ``largest_index`` fits 31 bits, else ``long long``."""
+    largest_index: int
+    dims: int
+    channels_last: bool
+    C: int
+    pitch: int
+    rows: int
+    cols: int
+    taps: int
+    pixels_total: int
+    image_elements: int
+    col_coords: list[str]
+    tap_coords: list[str]
+    in_coord: list[str]
+    in_bounds: str
+    """The C condition that every input coordinate lies inside the image."""
+    x_offset: str
+    pixel_offset: str
+    pixel_channel_offset: str
+    row_of: str
+    """The column-matrix row of (c, kk)."""
+    row_of_taps: str
+    row_coords: list[str]
+    pixel_coords: list[str]
+    image_coords: list[str]
+    window_axes: list[dict[str, Any]]
+    """col2im gather, per spatial axis: the output range whose windows cover an input (``index.window_ranges``)."""
+    window_taps: dict[str, Any]
+    """col2im gather over every tap: window numerators, outputs and validity (``index.window_terms``)."""
+    unit_stride: bool
+    tap_linear: str
+    col_linear: str
+    thread_coords: list[str]
+    pixel_channel: list[str]
+    output_coords: list[str]
+    y_offset: str
+    w_offset: str
+    K: int
+    out_size: list[int]
+    filter_size: list[int]
+    total_outputs: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvolutionContext(IndexContext):
+    """A convolution's index maps and what its self-test oracle reads (``convolution_selftest_context``)."""
+
+    output_order: list[str]
+    """The output's coordinate names in memory order."""
+    output_coords_of_offset: list[str]
+    """The coordinates of output offset ``e``, in ``output_order``."""
+    reference_terms: int
+    """Multiply-adds of the host reference per output (sizes the self-test's sample)."""
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     family: str
@@ -192,7 +253,7 @@ class KernelPlan:
     tiles: Tiles
     buffers: tuple[Buffer, ...]
     launches: tuple[Launch, ...]
-    context: TemplateContext | dict[str, Any] = field(compare=False)
+    context: TemplateContext = field(compare=False)
     zero_output: bool = False
     constants: tuple[tuple[str, str], ...] = ()
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
@@ -210,6 +271,13 @@ class KernelPlan:
     arch_specific: bool = False
     """The kernels use architecture-specific instructions (``setmaxnreg``), so they are compiled
     for the target's "a" variant (sm_90a), whose code runs on that compute capability only."""
+    template: str = ""
+    """The template whose ``kernels()`` holds the plan's kernels; empty: ``<family>.cu.j2``.  A
+    family whose kernels are of different kinds keeps each in its own (implicit_gemm's TMA kernel)."""
+
+    def __post_init__(self) -> None:
+        if not self.template:
+            object.__setattr__(self, "template", f"{self.family}.cu.j2")
 
     def compile_arch(self, arch: str) -> str:
         """The architecture to compile for when the target is ``arch``."""

@@ -12,6 +12,7 @@ Channels-last padding lanes (c >= C) come out as zeros from both.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from codegen import index
 from codegen.device import Device
-from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
+from codegen.families.base import Buffer, Family, IndexContext, KernelPlan, Launch, grid_for, kernel_name
 from codegen.spec import ConvSpec
 from codegen.tiles import TileParam, Tiles, check_block
 
@@ -27,17 +28,40 @@ from codegen.tiles import TileParam, Tiles, check_block
 TILED_PITCH = 32
 
 
+class Col2imAlgorithm(str, enum.Enum):
+    """The ``algorithm`` tile (kept a string there, as the CLI and the tuning database spell it)."""
+
+    GATHER = "gather"
+    SCATTER = "scatter"
+
+
+class Col2imVariant(str, enum.Enum):
+    SCATTER = "scatter"
+    GATHER_CHANNELS_FIRST = "gather_channels_first"
+    GATHER_CHANNELS_LAST = "gather_channels_last"
+    GATHER_CHANNELS_LAST_TILED = "gather_channels_last_tiled"
+
+
 @dataclass(frozen=True)
 class Col2imTiles(Tiles):
-    algorithm: str = "gather"
+    algorithm: str = Col2imAlgorithm.GATHER.value
     threads: int = 256
 
     PARAMS: ClassVar = (
         TileParam("algorithm", "gather: deterministic, no atomics; scatter: atomicAdd into a zeroed image",
-                  choices=("gather", "scatter")),
+                  choices=tuple(a.value for a in Col2imAlgorithm)),
         TileParam("threads", "threads per block (2D blocks keep a whole warp of pixels)",
                   minimum=32, maximum=1024, multiple_of=32),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Col2imContext(IndexContext):
+    variant: Col2imVariant
+    kernel: str
+    block_threads: int
+    reference_terms: int
+    """Column entries the self-test's host reference sums per image element: one per tap."""
 
 
 def image_reference(spec: ConvSpec, col: np.ndarray) -> np.ndarray:
@@ -78,30 +102,30 @@ class Col2im(Family):
 
     def plan(self, spec: ConvSpec, tiles: Col2imTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
-        if tiles.algorithm == "scatter":
-            variant = "scatter"
+        if Col2imAlgorithm(tiles.algorithm) is Col2imAlgorithm.SCATTER:
+            variant = Col2imVariant.SCATTER
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
         elif spec.layout.channels_last and spec.pitch >= TILED_PITCH:
-            variant = "gather_channels_last_tiled"
+            variant = Col2imVariant.GATHER_CHANNELS_LAST_TILED
             block = (32, 8, 1)
             grid = (grid_for(alg.pixels, 32), grid_for(spec.pitch, 32), 1)
         elif spec.layout.channels_last:
-            variant = "gather_channels_last"
+            variant = Col2imVariant.GATHER_CHANNELS_LAST
             channel_threads = min(8, 1 << (spec.pitch - 1).bit_length())
             block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
             grid = (grid_for(alg.pixels, block[0]), grid_for(spec.pitch, channel_threads), 1)
         else:
-            variant = "gather_channels_first"
+            variant = Col2imVariant.GATHER_CHANNELS_FIRST
             block = (tiles.threads, 1, 1)
             grid = (grid_for(alg.image_elements, tiles.threads), 1, 1)
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
-        context = index.template_context(alg, launch.threads)
-        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1], reference_terms=alg.taps)
+        launch = Launch(kernel_name(self.name, variant.value, spec, tiles), grid, block)
+        context = Col2imContext(**index.template_context(alg, launch.threads), variant=variant, kernel=launch.kernel,
+                                block_threads=block[0] * block[1], reference_terms=alg.taps)
         buffers = (Buffer("col", alg.col_shape, "in"), Buffer("image", alg.image_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context,
-                          zero_output=variant == "scatter")
+        return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context,
+                          zero_output=variant is Col2imVariant.SCATTER)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         (col,) = inputs

@@ -34,23 +34,44 @@ Tile sizes, filter size, stride, padding and dilation are compile-time constants
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from codegen import index
 from codegen.device import Device, as_device
-from codegen.families.base import (Buffer, Family, KernelPlan, Launch, TensorMap, convolution_selftest_context,
-                                   grid_for, kernel_name)
+from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch, TensorMap,
+                                   convolution_selftest_context, grid_for, kernel_name)
 from codegen.families.im2col import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
+from codegen.terms.direct import tile_terms
 from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
 
+
+class DirectVariant(str, enum.Enum):
+    """The ``variant`` tile (kept a string there, as the CLI and the tuning database spell it)."""
+
+    BASIC = "basic"
+    CONSTANT = "constant"
+    TILED_HALO = "tiled_halo"
+    TILED_CACHE = "tiled_cache"
+    TILED_REGISTER = "tiled_register"
+    TILED_TMA = "tiled_tma"
+
+
+class FilterMemory(str, enum.Enum):
+    """The ``filter_memory`` tile: where tiled_register and tiled_tma read the filter."""
+
+    GLOBAL = "global"
+    CONSTANT = "constant"
+
+
 CONSTANT_BANK_BYTES = 64 * 1024
-VARIANTS = ("basic", "constant", "tiled_halo", "tiled_cache", "tiled_register", "tiled_tma")
+VARIANTS = tuple(v.value for v in DirectVariant)
 TMA_BOX_LIMIT = 256
 """Elements per dimension of one TMA box."""
 TMA_BARRIER_BYTES = 128
@@ -60,13 +81,13 @@ above 48 KB counts every byte), the boxes 128-byte aligned after them."""
 
 @dataclass(frozen=True)
 class DirectTiles(Tiles):
-    variant: str = "tiled_halo"
+    variant: str = DirectVariant.TILED_HALO.value
     threads: int = 256
     tile_h: int = 16
     tile_w: int = 16
     per_thread: int = 8
     rows_per_thread: int = 1
-    filter_memory: str = "global"
+    filter_memory: str = FilterMemory.GLOBAL.value
     stages: int = 1
     tiles_per_block: int = 1
     min_blocks: int = 0
@@ -83,7 +104,7 @@ class DirectTiles(Tiles):
                   "must be a multiple; for tiled_tma tile_h / rows_per_thread is its consumer warps)",
                   minimum=1, maximum=16),
         TileParam("filter_memory", "tiled_register, tiled_tma: where the filter is read from (constant: a "
-                  "__constant__ copy, at most 64 KB)", choices=("global", "constant")),
+                  "__constant__ copy, at most 64 KB)", choices=tuple(m.value for m in FilterMemory)),
         TileParam("stages", "tiled_register: shared-memory input tiles in flight (2-3: the next slice is copied "
                   "while the current one is computed); tiled_tma: buffers in the producer/consumer ring (2-8)",
                   minimum=1, maximum=8),
@@ -121,17 +142,88 @@ def _fit_tile(out: int, tile: int) -> int:
     return max(1, min(tile, out))
 
 
-def copy_split(units: int, rows: int, threads: int) -> dict:
+@dataclass(frozen=True)
+class StageCopy:
     """How tiled_register's threads share a stage copy of rows x units copies: ``lanes`` threads
     across a row (thread tid takes units tid % lanes + j * lanes), ``rows_per_round`` rows at once
     (rows tid / lanes + i * rows_per_round).  A thread's column, its bounds test and its offsets
     are then fixed across the rows it copies, where dividing a flat copy index cost a division,
     a remainder and a fresh address per copy."""
+
+    lanes: int
+    rows_per_round: int
+    unit_rounds: int
+    row_rounds: int
+    idle_threads: bool
+    """Threads past the last whole round of rows copy nothing."""
+    unit_tail: bool
+    """The last round across a row passes its units, so it is guarded."""
+    row_tail: bool
+    """The last round down the rows passes them, so it is guarded."""
+
+
+def copy_split(units: int, rows: int, threads: int) -> StageCopy:
     lanes = min(units, threads)
     rows_per_round = threads // lanes
-    return {"lanes": lanes, "rows_per_round": rows_per_round, "unit_rounds": -(-units // lanes),
-            "row_rounds": -(-rows // rows_per_round), "idle_threads": threads % lanes != 0,
-            "unit_tail": units % lanes != 0, "row_tail": rows % rows_per_round != 0}
+    return StageCopy(lanes=lanes, rows_per_round=rows_per_round, unit_rounds=-(-units // lanes),
+                     row_rounds=-(-rows // rows_per_round), idle_threads=threads % lanes != 0,
+                     unit_tail=units % lanes != 0, row_tail=rows % rows_per_round != 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectContext(ConvolutionContext):
+    """The fields past ``constant_filter`` belong to some variants only (None in the others)."""
+
+    variant: DirectVariant
+    kernel: str
+    block_threads: int
+    constant_filter: bool
+    """The filter is read from a ``__constant__`` copy (variant constant, or filter_memory constant)."""
+    filter_symbol: str | None = None
+    """That copy's symbol, which the launcher uploads."""
+    vector_load: bool = False
+    """16-byte copies of the input rows."""
+    vector_store: bool = False
+    """float4 stores of the outputs."""
+    # The tiled variants: the tile terms (``tile_terms``) and the block's coordinates.
+    axes: list[dict[str, Any]] | None = None
+    """Per tiled axis (H, then W), its tile terms."""
+    plane_taps: int | None = None
+    plane_coords: list[str] | None = None
+    halo_bounds: str | None = None
+    depth_bounds: str | None = None
+    block_names: list[str] | None = None
+    block_coords: list[str] | None = None
+    # tiled_register and tiled_tma (``Direct._register_geometry``):
+    row_units: int | None = None
+    """Copies per stage row (float4s with ``vector_load``)."""
+    row_pitch: int | None = None
+    """Floats per stage row in shared memory."""
+    vector_window: bool | None = None
+    window_offset: int | None = None
+    window_start_shift: int | None = None
+    window_loads: int | None = None
+    stage_floats: int | None = None
+    slices: int | None = None
+    """Pipeline steps per output tile: channels (times depth taps)."""
+    per_thread: int | None = None
+    rows_per_thread: int | None = None
+    stages: int | None = None
+    # tiled_register:
+    tiles_per_block: int | None = None
+    min_blocks: int | None = None
+    copy: StageCopy | None = None
+    # tiled_tma:
+    box: tuple[int, int] | None = None
+    """The TMA box: (row_pitch, halo rows)."""
+    resident_blocks: int | None = None
+    consumer_threads: int | None = None
+    consumer_warps: int | None = None
+    threads_across: int | None = None
+    tensor_rank: int | None = None
+    barrier_floats: int | None = None
+    tiles_total: int | None = None
+    """Output tiles the persistent blocks walk."""
 
 
 class Direct(Family):
@@ -149,10 +241,10 @@ class Direct(Family):
         for j in (spec.dims - 2, spec.dims - 1):
             room = (32 - (spec.filter_size[j] - 1) * spec.dilation[j] - 1) // spec.stride[j] + 1
             sizes.append(_fit_tile(alg.out_size[j], max(1, room)))
-        variant = "tiled_halo" if all(
-            (t - 1) * s + (f - 1) * d + 1 <= 32
-            for t, s, f, d in zip(sizes, spec.stride[-2:], spec.filter_size[-2:], spec.dilation[-2:])) else "basic"
-        return DirectTiles(variant=variant, tile_h=sizes[0], tile_w=sizes[1])
+        halo_fits = all((t - 1) * s + (f - 1) * d + 1 <= 32
+                        for t, s, f, d in zip(sizes, spec.stride[-2:], spec.filter_size[-2:], spec.dilation[-2:]))
+        variant = DirectVariant.TILED_HALO if halo_fits else DirectVariant.BASIC
+        return DirectTiles(variant=variant.value, tile_h=sizes[0], tile_w=sizes[1])
 
     def register_tiles(self, spec: ConvSpec) -> DirectTiles:
         """tiled_register geometry, from timing the 8192^2 filters and the benchmark layers on an
@@ -184,8 +276,9 @@ class Direct(Family):
         across = min(32, -(-out_w // per))
         down = max(1, min(256 // across, -(-out_h // rows), 64 // rows))
         while True:
-            tiles = DirectTiles(variant="tiled_register", tile_h=rows * down, tile_w=per * across, per_thread=per,
-                                rows_per_thread=rows, filter_memory="global", stages=1, tiles_per_block=1)
+            tiles = DirectTiles(variant=DirectVariant.TILED_REGISTER.value, tile_h=rows * down, tile_w=per * across,
+                                per_thread=per, rows_per_thread=rows, filter_memory=FilterMemory.GLOBAL.value, stages=1,
+                                tiles_per_block=1)
             if self._register_geometry(spec, tiles)["stage_bytes"] <= STATIC_SHARED_LIMIT:
                 return tiles
             if down > 1:
@@ -205,9 +298,9 @@ class Direct(Family):
         the filter in constant memory where it fits."""
         alg = index.IndexAlgebra(spec)
         rows = 4 if alg.out_size[-2] >= 32 else 1
-        memory = "constant" if _filter_bytes(alg) <= CONSTANT_BANK_BYTES else "global"
-        return DirectTiles(variant="tiled_tma", tile_h=8 * rows, tile_w=128, per_thread=4, rows_per_thread=rows,
-                           filter_memory=memory, stages=4, resident_blocks=1)
+        memory = FilterMemory.CONSTANT if _filter_bytes(alg) <= CONSTANT_BANK_BYTES else FilterMemory.GLOBAL
+        return DirectTiles(variant=DirectVariant.TILED_TMA.value, tile_h=8 * rows, tile_w=128, per_thread=4,
+                           rows_per_thread=rows, filter_memory=memory.value, stages=4, resident_blocks=1)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """Both one-thread-per-output variants at three block sizes, the tiled variants at square
@@ -215,12 +308,14 @@ class Direct(Family):
         tiles per block, both filter memories, with and without min_blocks=4, and the TMA one at
         1-8 rows per thread, 2-6 buffers and 1-2 blocks per SM (refused by the plan where the spec
         does not suit TMA)."""
-        space = [DirectTiles(variant=v, threads=t).to_dict() for v in ("basic", "constant") for t in (128, 256, 512)]
-        for variant in ("tiled_halo", "tiled_cache"):
-            space += [DirectTiles(variant=variant, tile_h=h, tile_w=w).to_dict() for h, w in ((8, 8), (16, 16), (8, 32))]
+        space = [DirectTiles(variant=v.value, threads=t).to_dict()
+                 for v in (DirectVariant.BASIC, DirectVariant.CONSTANT) for t in (128, 256, 512)]
+        for variant in (DirectVariant.TILED_HALO, DirectVariant.TILED_CACHE):
+            space += [DirectTiles(variant=variant.value, tile_h=h, tile_w=w).to_dict()
+                      for h, w in ((8, 8), (16, 16), (8, 32))]
         heuristic = self.register_tiles(spec)
         fits = _filter_bytes(index.IndexAlgebra(spec)) <= CONSTANT_BANK_BYTES
-        memories = ("global", "constant") if fits else ("global",)
+        memories = tuple(m.value for m in FilterMemory) if fits else (FilterMemory.GLOBAL.value,)
         for per, rows, down, stages, group, memory, blocks in itertools.product((4, 8), (4, 8), (4, 8), (1, 2, 3),
                                                                                 (1, 2, 4), memories, (0, 4)):
             space.append(dataclasses.replace(heuristic, tile_h=rows * down, tile_w=32 * per, per_thread=per,
@@ -249,7 +344,7 @@ class Direct(Family):
         stride_w = spec.stride[-1]
         contiguous_w = not spec.layout.channels_last
         vector_load = contiguous_w and spec.input_size[-1] % 4 == 0 and tiles.tile_w * stride_w % 4 == 0
-        terms = index.tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1, windows=True)
+        terms = tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1, windows=True)
         rows_axis, cols_axis = terms["axes"]
         lead = cols_axis["lead"]
         width = lead + cols_axis["halo_extent"]
@@ -317,68 +412,73 @@ class Direct(Family):
 
     def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> DirectTiles:
         """Unset tiles come from the heuristic of the requested variant."""
-        base = {"tiled_register": self.register_tiles, "tiled_tma": self.tma_tiles}.get(
+        base = {DirectVariant.TILED_REGISTER: self.register_tiles, DirectVariant.TILED_TMA: self.tma_tiles}.get(
             requested.get("variant"), self.default_tiles)(spec)
         return DirectTiles.from_dict({**base.to_dict(), **requested})
 
     def plan(self, spec: ConvSpec, tiles: DirectTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
-        variant = tiles.variant
+        variant = DirectVariant(tiles.variant)
+        memory = FilterMemory(tiles.filter_memory)
         filter_bytes = _filter_bytes(alg)
-        context: dict = {}
+        variant_fields: dict = {}
         constants: tuple[tuple[str, str], ...] = ()
-        if tiles.filter_memory == "constant" and variant not in ("tiled_register", "tiled_tma"):
+        if memory is FilterMemory.CONSTANT and variant not in (DirectVariant.TILED_REGISTER, DirectVariant.TILED_TMA):
             raise SpecError("tiles.filter_memory", "constant", "applies to tiled_tma and tiled_register only; "
                             "variant constant always reads a __constant__ filter")
-        if tiles.min_blocks and variant != "tiled_register":
+        if tiles.min_blocks and variant is not DirectVariant.TILED_REGISTER:
             raise SpecError("tiles.min_blocks", tiles.min_blocks, "applies to variant tiled_register only (leave it 0)")
-        if tiles.stages > 3 and variant == "tiled_register":
+        if tiles.stages > 3 and variant is DirectVariant.TILED_REGISTER:
             raise SpecError("tiles.stages", tiles.stages, "must be in [1, 3] for tiled_register (more buffers only "
                             "lower its resident blocks); tiled_tma takes up to 8")
-        if tiles.resident_blocks != 1 and variant != "tiled_tma":
+        if tiles.resident_blocks != 1 and variant is not DirectVariant.TILED_TMA:
             raise SpecError("tiles.resident_blocks", tiles.resident_blocks, "applies to variant tiled_tma only (leave it 1)")
-        constant_filter = variant == "constant" or tiles.filter_memory == "constant"
+        constant_filter = variant is DirectVariant.CONSTANT or memory is FilterMemory.CONSTANT
         dynamic_shared = 0
         if constant_filter and filter_bytes > CONSTANT_BANK_BYTES:
-            field, value = ("tiles.variant", "constant") if variant == "constant" else ("tiles.filter_memory", "constant")
+            field, value = (("tiles.variant", "constant") if variant is DirectVariant.CONSTANT
+                            else ("tiles.filter_memory", "constant"))
             raise SpecError(field, value,
                             f"the filter takes {filter_bytes} bytes (K*C*taps*4) but the constant bank holds "
                             f"{CONSTANT_BANK_BYTES}; use another variant or fewer channels")
-        name = kernel_name(self.name, variant, spec, tiles)
+        name = kernel_name(self.name, variant.value, spec, tiles)
         if constant_filter:
-            context["filter_symbol"] = f"{name}_filter"
-            constants = ((context["filter_symbol"], "w"),)
-        if variant in ("basic", "constant"):
+            variant_fields["filter_symbol"] = f"{name}_filter"
+            constants = ((variant_fields["filter_symbol"], "w"),)
+        if variant in (DirectVariant.BASIC, DirectVariant.CONSTANT):
             total = spec.n * spec.k * math.prod(alg.out_size)
             block = (tiles.threads, 1, 1)
             grid = (grid_for(total, tiles.threads), 1, 1)
         else:
             tile = (tiles.tile_h, tiles.tile_w)
-            if variant == "tiled_register":
+            if variant is DirectVariant.TILED_REGISTER:
                 geometry = self._register_geometry(spec, tiles)
-                terms = geometry.pop("terms")
+                terms, stage_bytes = geometry.pop("terms"), geometry.pop("stage_bytes")
                 block = (tiles.tile_w // tiles.per_thread, tiles.tile_h // tiles.rows_per_thread, 1)
-                dynamic_shared = geometry["stage_bytes"] * tiles.stages
+                dynamic_shared = stage_bytes * tiles.stages
                 shared_check = (dynamic_shared, "tiles.tile_h/tile_w/stages", (*tile, tiles.stages), True)
-                context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
-                               stages=tiles.stages, tiles_per_block=tiles.tiles_per_block, min_blocks=tiles.min_blocks,
-                               copy=copy_split(geometry["row_units"], terms["axes"][0]["halo_extent"], block[0] * block[1]))
+                variant_fields.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
+                                      stages=tiles.stages, tiles_per_block=tiles.tiles_per_block,
+                                      min_blocks=tiles.min_blocks,
+                                      copy=copy_split(geometry["row_units"], terms["axes"][0]["halo_extent"],
+                                                      block[0] * block[1]))
                 first, per_block = "group", tiles.tiles_per_block
-            elif variant == "tiled_tma":
+            elif variant is DirectVariant.TILED_TMA:
                 geometry = self._tma_geometry(spec, tiles)
-                terms = geometry.pop("terms")
+                terms, stage_bytes = geometry.pop("terms"), geometry.pop("stage_bytes")
                 consumers = tiles.tile_w // tiles.per_thread * (tiles.tile_h // tiles.rows_per_thread)
                 block = (consumers + 32, 1, 1)
-                dynamic_shared = TMA_BARRIER_BYTES + geometry["stage_bytes"] * tiles.stages
+                dynamic_shared = TMA_BARRIER_BYTES + stage_bytes * tiles.stages
                 shared_check = (dynamic_shared, "tiles.tile_h/stages", (tiles.tile_h, tiles.stages), True)
-                context.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
-                               stages=tiles.stages, resident_blocks=tiles.resident_blocks, consumer_threads=consumers,
-                               consumer_warps=consumers // 32, threads_across=tiles.tile_w // tiles.per_thread,
-                               tensor_rank=spec.dims + 2, barrier_floats=TMA_BARRIER_BYTES // 4)
+                variant_fields.update(geometry, per_thread=tiles.per_thread, rows_per_thread=tiles.rows_per_thread,
+                                      stages=tiles.stages, resident_blocks=tiles.resident_blocks,
+                                      consumer_threads=consumers, consumer_warps=consumers // 32,
+                                      threads_across=tiles.tile_w // tiles.per_thread, tensor_rank=spec.dims + 2,
+                                      barrier_floats=TMA_BARRIER_BYTES // 4)
                 first, per_block = "tile", 1
             else:
-                terms = index.tile_terms(alg, tile)
-                if variant == "tiled_halo":
+                terms = tile_terms(alg, tile)
+                if variant is DirectVariant.TILED_HALO:
                     block = (terms["axes"][1]["halo_extent"], terms["axes"][0]["halo_extent"], 1)
                 else:
                     block = (tiles.tile_w, tiles.tile_h, 1)
@@ -389,30 +489,30 @@ class Direct(Family):
             rows_axis, cols_axis = terms["axes"]
             outer = (spec.n, spec.k, *alg.out_size[: spec.dims - 2], -(-rows_axis["tiles"] // per_block), cols_axis["tiles"])
             grid = (math.prod(outer), 1, 1)
-            if variant == "tiled_tma":
-                context["tiles_total"] = grid[0]
+            if variant is DirectVariant.TILED_TMA:
+                variant_fields["tiles_total"] = grid[0]
                 grid = (min(grid[0], as_device(device).sm_count * tiles.resident_blocks), 1, 1)
             names = (["n", "oc"] + [f"o{j}" for j in range(spec.dims - 2)]
                      + [f"{first}{rows_axis['axis']}", f"tile{cols_axis['axis']}"])
-            context.update(terms, block_names=names,
-                           block_coords=[index.to_c(e) for e in index.decompose(alg.t, outer)])
+            variant_fields.update(terms, block_names=names,
+                                  block_coords=[index.to_c(e) for e in index.decompose(alg.t, outer)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        if variant == "tiled_tma":
+        if variant is DirectVariant.TILED_TMA:
             launch = Launch(name, grid, block, dynamic_shared, args=("y",) if constant_filter else ("w", "y"),
-                            tensor_maps=(self._input_map(alg, context["box"]),), persistent=True)
+                            tensor_maps=(self._input_map(alg, variant_fields["box"]),), persistent=True)
         else:
             launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
-        context.update(index.template_context(alg, launch.threads, column_matrix=False))
-        context.update(variant=variant, kernel=name, block_threads=block[0] * block[1], constant_filter=constant_filter)
-        context.update(convolution_selftest_context(alg))
-        buffers = (Buffer("x", alg.image_shape, "in", 16 if context.get("vector_load") else 4),
+        context = DirectContext(**index.template_context(alg, launch.threads, column_matrix=False),
+                                **convolution_selftest_context(alg), **variant_fields, variant=variant, kernel=name,
+                                block_threads=block[0] * block[1], constant_filter=constant_filter)
+        buffers = (Buffer("x", alg.image_shape, "in", 16 if context.vector_load else 4),
                    Buffer("w", alg.filter_shape, "in"),
-                   Buffer("y", alg.output_shape, "out", 16 if context.get("vector_store") else 4))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context, constants=constants,
-                          min_arch={"tiled_tma": 90, "tiled_register": 80}.get(variant, 0),
-                          min_arch_reason={"tiled_tma": "TMA and mbarriers",
-                                           "tiled_register": "cp.async; variants basic, constant, tiled_halo and "
-                                           "tiled_cache run on older targets"}.get(variant, ""))
+                   Buffer("y", alg.output_shape, "out", 16 if context.vector_store else 4))
+        return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context, constants=constants,
+                          min_arch={DirectVariant.TILED_TMA: 90, DirectVariant.TILED_REGISTER: 80}.get(variant, 0),
+                          min_arch_reason={DirectVariant.TILED_TMA: "TMA and mbarriers",
+                                           DirectVariant.TILED_REGISTER: "cp.async; variants basic, constant, "
+                                           "tiled_halo and tiled_cache run on older targets"}.get(variant, ""))
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

@@ -17,6 +17,7 @@ Variants:
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,13 +26,29 @@ import numpy as np
 
 from codegen import index
 from codegen.device import Device
-from codegen.families.base import Buffer, Family, KernelPlan, Launch, grid_for, kernel_name
+from codegen.families.base import Buffer, Family, IndexContext, KernelPlan, Launch, grid_for, kernel_name
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
 
 VECTOR_CHUNK = 16
 SPLIT_TAPS = 16
 SMEM_PAD = 4
+
+
+class Im2colVariant(str, enum.Enum):
+    """The kernel ``plan`` picks; the float4 kernels of pitch 4..16 are one kernel each."""
+
+    CHANNELS_FIRST = "channels_first"
+    CHANNELS_LAST = "channels_last"
+    VEC4 = "vec4"
+    VEC8 = "vec8"
+    VEC12 = "vec12"
+    VEC16 = "vec16"
+    VEC_GENERIC = "vec_generic"
+
+    @property
+    def vectorized(self) -> bool:
+        return self.value.startswith("vec")
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,38 @@ class Im2colTiles(Tiles):
         TileParam("split_outer_tap", "channels-first: one thread per (channel, outermost filter tap, column) "
                   "instead of per (channel, column), for large filters", choices=(True, False)),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Im2colContext(IndexContext):
+    variant: Im2colVariant
+    kernel: str
+    block_threads: int
+    reference_terms: int = 1
+    """Input reads of the self-test's host reference per output: one (a copy)."""
+    vector_store: bool = False
+    """The float4 kernel stores whole float4s (the columns are a multiple of 4)."""
+    # The float4 kernels:
+    rows_per_block: int | None = None
+    """Taps a block transposes (its threads' y extent)."""
+    chunk: int | None = None
+    """Channels a block row loads (at most VECTOR_CHUNK)."""
+    chunks: int | None = None
+    smem_pad: int | None = None
+    row_blocks: int | None = None
+    """Blocks over the rows of one column block: tap groups times channel chunks."""
+    pixels: int | None = None
+    partial_chunk: bool | None = None
+    """The last channel chunk is not full, so the float4 loop breaks early."""
+    # channels_first:
+    split: bool = False
+    """A thread per (channel, outermost tap, column) instead of per (channel, column)."""
+    outer_taps: int | None = None
+    inner_taps: int | None = None
+    split_thread_coords: list[str] | None = None
+    """(c, k0, col) of thread t."""
+    inner_tap_coords: list[str] | None = None
+    """The inner filter axes' taps of ``kk``."""
 
 
 def vector_eligible(spec: ConvSpec) -> bool:
@@ -95,21 +144,21 @@ class Im2col(Family):
         return Im2colTiles(vectorized=vector_eligible(spec),
                            split_outer_tap=not spec.layout.channels_last and taps > SPLIT_TAPS)
 
-    def variant(self, spec: ConvSpec, tiles: Im2colTiles) -> str:
+    def variant(self, spec: ConvSpec, tiles: Im2colTiles) -> Im2colVariant:
         if spec.layout.channels_last and tiles.vectorized:
             if not vector_eligible(spec):
                 raise SpecError(
                     "tiles.vectorized", True,
                     f"needs a channel pitch that is a multiple of 4 (this spec has pitch {spec.pitch}); "
                     "set dpitch to a multiple of 4 or vectorized=False")
-            return f"vec{spec.pitch}" if spec.pitch <= VECTOR_CHUNK else "vec_generic"
-        return "channels_last" if spec.layout.channels_last else "channels_first"
+            return Im2colVariant(f"vec{spec.pitch}") if spec.pitch <= VECTOR_CHUNK else Im2colVariant.VEC_GENERIC
+        return Im2colVariant.CHANNELS_LAST if spec.layout.channels_last else Im2colVariant.CHANNELS_FIRST
 
     def plan(self, spec: ConvSpec, tiles: Im2colTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
         variant = self.variant(spec, tiles)
-        context: dict = {}
-        if variant.startswith("vec"):
+        variant_fields: dict = {}
+        if variant.vectorized:
             rows_per_block = tiles.threads // tiles.pixels
             if rows_per_block < 1:
                 raise SpecError("tiles.pixels", tiles.pixels, f"must not exceed tiles.threads ({tiles.threads})")
@@ -122,11 +171,11 @@ class Im2col(Family):
             # so each pixel comes from DRAM once and from L2 after that.
             row_blocks = grid_for(alg.taps, rows_per_block) * chunks
             grid = (grid_for(alg.cols, tiles.pixels) * row_blocks, 1, 1)
-            context.update(rows_per_block=rows_per_block, chunk=chunk, chunks=chunks, smem_pad=SMEM_PAD,
-                           row_blocks=row_blocks,
-                           vector_store=alg.cols % 4 == 0, pixels=tiles.pixels,
-                           partial_chunk=spec.c % chunk != 0)
-        elif variant == "channels_last":
+            variant_fields.update(rows_per_block=rows_per_block, chunk=chunk, chunks=chunks, smem_pad=SMEM_PAD,
+                                  row_blocks=row_blocks,
+                                  vector_store=alg.cols % 4 == 0, pixels=tiles.pixels,
+                                  partial_chunk=spec.c % chunk != 0)
+        elif variant is Im2colVariant.CHANNELS_LAST:
             channel_threads = min(8, spec.c)
             block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
             grid = (grid_for(alg.cols, block[0]), 1, 1)
@@ -135,20 +184,19 @@ class Im2col(Family):
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * outer * alg.cols, tiles.threads), 1, 1)
             inner = spec.filter_size[1:]
-            context.update(
+            variant_fields.update(
                 split=tiles.split_outer_tap, outer_taps=outer, inner_taps=math.prod(inner),
                 split_thread_coords=[index.to_c(e) for e in index.decompose(alg.t, (spec.c, outer, alg.cols))],
                 inner_tap_coords=[index.to_c(e) for e in index.decompose(alg.kk, inner)])
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
-        launch = Launch(kernel_name(self.name, variant, spec, tiles), grid, block)
-        padded_threads = launch.threads
-        context.update(index.template_context(alg, padded_threads))
-        context.update(variant=variant, kernel=launch.kernel, block_threads=block[0] * block[1])
+        launch = Launch(kernel_name(self.name, variant.value, spec, tiles), grid, block)
+        context = Im2colContext(**index.template_context(alg, launch.threads), **variant_fields, variant=variant,
+                                kernel=launch.kernel, block_threads=block[0] * block[1])
         buffers = (
-            Buffer("x", alg.image_shape, "in", 16 if variant.startswith("vec") else 4),
-            Buffer("col", alg.col_shape, "out", 16 if context.get("vector_store") else 4),
+            Buffer("x", alg.image_shape, "in", 16 if variant.vectorized else 4),
+            Buffer("col", alg.col_shape, "out", 16 if context.vector_store else 4),
         )
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (launch,), context)
+        return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         (x,) = inputs

@@ -1,9 +1,9 @@
 """im2win convolution (seed 004), generalised to stride, padding, dilation, 3D and channels-last.
 
-Two kernels.  The transform copies the input into the im2win tensor (``index.window_tensor_shape``):
+Two kernels.  The transform copies the input into the im2win tensor (``window_tensor_shape``):
 per output row, the input rows its windows read, stored window-order along W with the padding
 written out, so consecutive windows of a row overlap in memory instead of being copied again as
-im2col does.  The convolution is then the GEMM main loop of ``codegen/families/gemm.py`` reading
+im2col does.  The convolution is then the GEMM main loop of ``codegen/families/gemm_loop.py`` reading
 A(m, row) = win[base(m) + delta(row)] with no bounds checks.
 
 The paper's optimisations are tile switches, so its ablation (Figure 4) can be rerun by removing
@@ -26,11 +26,13 @@ import numpy as np
 
 from codegen import index
 from codegen.device import Device
-from codegen.families import gemm
+from codegen.families import gemm_heuristic, gemm_loop, gemm_tiles, gemm_tuning
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
                                    grid_for, kernel_name, largest_batch_chunk)
 from codegen.families.direct import convolution_reference
 from codegen.spec import ConvSpec, replace
+from codegen.terms.gemm import gemm_terms
+from codegen.terms.im2win import window_tensor_shape, window_transform_terms, window_width
 from codegen.tiles import TileParam
 
 TRANSFORM_THREADS = 256
@@ -40,17 +42,36 @@ budget, since one chunk's GEMM must still fill the GPU (conv4: 8 images, 742 CTA
 
 
 @dataclass(frozen=True)
-class Im2winTiles(gemm.GemmTiles):
+class Im2winTiles(gemm_tiles.GemmTiles):
     batch_chunk: int = 1
 
-    PARAMS: ClassVar = gemm.GemmTiles.PARAMS + (
+    PARAMS: ClassVar = gemm_tiles.GemmTiles.PARAMS + (
         TileParam("batch_chunk", "images per transform + GEMM round (must divide N); the workspace holds "
                   "their im2win tensor", minimum=1, maximum=1 << 20),
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Im2winContext(gemm_loop.GemmLoopContext):
+    """The GEMM main loop's context (reading A from the window tensor) and the transform's."""
+
+    transform_kernel: str
+    transform_threads: int
+    window_shape: list[int]
+    """The im2win tensor of one batch chunk (``window_tensor_shape``)."""
+    window_elements: int
+    window_names: list[str]
+    """The tensor's coordinate names in memory order."""
+    window_coords: list[str]
+    """Those coordinates of transform thread ``t``."""
+    window_sources: list[str]
+    """The input coordinates i0.. that element copies."""
+    window_bounds: str
+    """The C condition that the input lies inside the image (else the element is padding, a zero)."""
+
+
 def window_bytes_per_image(spec: ConvSpec) -> int:
-    return math.prod(index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
+    return math.prod(window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))) * 4
 
 
 def batch_chunk(spec: ConvSpec, budget: int = WINDOW_BUDGET) -> int:
@@ -59,7 +80,7 @@ def batch_chunk(spec: ConvSpec, budget: int = WINDOW_BUDGET) -> int:
 
 
 def _per_chunk(spec: ConvSpec, gemm_configs, chunk: int) -> list[dict]:
-    """The GEMM core's configurations (``gemm.tuning_space`` or ``gemm.tuning_seeds``) for one
+    """The GEMM core's configurations (``gemm_tuning.tuning_space`` or ``gemm_tuning.tuning_seeds``) for one
     chunk's GEMM, each with that chunk."""
     return [dict(tiles, batch_chunk=chunk) for tiles in gemm_configs(replace(spec, n=chunk))]
 
@@ -96,20 +117,20 @@ class Im2win(Family):
 
     def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET, *,
                       device: Device | str | None = None) -> Im2winTiles:
-        """``gemm.heuristic`` for one chunk's GEMM on ``device``, the chunk from ``batch_chunk``."""
+        """``gemm_heuristic.core_tiles`` for one chunk's GEMM on ``device``, the chunk from ``batch_chunk``."""
         chunk = batch_chunk(spec, budget)
         part = replace(spec, n=chunk)
         alg = index.IndexAlgebra(part)
-        core = gemm.heuristic(part, gemm.row_table_fits(alg, index.gemm_terms(alg, "window")), device)
+        core = gemm_heuristic.core_tiles(part, gemm_heuristic.row_table_fits(alg, gemm_terms(alg, "window")), device)
         return Im2winTiles(**core.to_dict(), batch_chunk=chunk)
 
     def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> Im2winTiles:
-        """Unset tiles as ``gemm.complete`` fills them from the heuristic."""
-        return Im2winTiles.from_dict(gemm.complete(self.default_tiles(spec, device=device).to_dict(), requested))
+        """Unset tiles as ``gemm_heuristic.complete`` fills them from the heuristic."""
+        return Im2winTiles.from_dict(gemm_heuristic.complete(self.default_tiles(spec, device=device).to_dict(), requested))
 
     def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> Im2winTiles:
         """The heuristic with the largest batch chunk whose window tensor fits ``limit``."""
-        shape = index.window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))
+        shape = window_tensor_shape(index.IndexAlgebra(replace(spec, n=1)))
         return self.chunk_within(spec, limit, math.prod(shape) * 4, f"one image's window tensor {shape}",
                                  WINDOW_BUDGET, device)
 
@@ -117,12 +138,12 @@ class Im2win(Family):
         """The GEMM core's space for the heuristic's batch chunk (held to ``workspace_limit``), and
         ``_shrunk_heuristic``."""
         chunk = self._chunk(spec, workspace_limit)
-        space = _per_chunk(spec, lambda part: gemm.tuning_space(part, window_vector_ok(spec)), chunk)
+        space = _per_chunk(spec, lambda part: gemm_tuning.tuning_space(part, window_vector_ok(spec)), chunk)
         return space + [tiles for tiles in self._shrunk_heuristic(spec, chunk) if tiles not in space]
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         chunk = self._chunk(spec, workspace_limit)
-        return self._shrunk_heuristic(spec, chunk) + _per_chunk(spec, gemm.tuning_seeds, chunk)
+        return self._shrunk_heuristic(spec, chunk) + _per_chunk(spec, gemm_tuning.tuning_seeds, chunk)
 
     def _chunk(self, spec: ConvSpec, workspace_limit: int | None) -> int:
         tiles = self.default_tiles(spec) if workspace_limit is None else self.tiles_within(spec, workspace_limit)
@@ -142,30 +163,29 @@ class Im2win(Family):
         chunk = tiles.batch_chunk
         part = chunk_spec(spec, chunk)
         alg, whole = self.algebra(part), self.algebra(spec)
-        terms = index.gemm_terms(alg, "window")
+        terms = gemm_terms(alg, "window")
         vector = window_vector_ok(spec)
-        context = gemm.context(part, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
-        context.update(index.window_transform_terms(alg))
-        window_elements = context["window_elements"]
-        variant = "precomp" if tiles.precomp else "analytic"
-        name = kernel_name(self.name, variant, spec, tiles)
+        fields = gemm_loop.loop_fields(part, tiles, terms, vector, a_m_fastest=not spec.layout.channels_last)
+        window = window_transform_terms(alg)
+        window_elements = window["window_elements"]
+        variant = tiles.variant
+        name = kernel_name(self.name, variant.value, spec, tiles)
         chunks = spec.n // chunk
         x_step, y_step = (chunk * math.prod(shape[1:]) for shape in (alg.image_shape, alg.output_shape))
         transform = Launch(f"{name}_transform", (grid_for(window_elements, TRANSFORM_THREADS), 1, 1),
                            (TRANSFORM_THREADS, 1, 1), args=("x", "win"), chunk_strides=(x_step, 0) if chunks > 1 else None)
-        conv = Launch(name, gemm.grid(part, tiles), (tiles.threads, 1, 1), gemm.shared_bytes(tiles), args=("win", "w", "y"),
-                      chunk_strides=(0, 0, y_step) if chunks > 1 else None)
+        conv = Launch(name, gemm_tiles.grid(part, tiles), (tiles.threads, 1, 1), gemm_tiles.shared_bytes(tiles),
+                      args=("win", "w", "y"), chunk_strides=(0, 0, y_step) if chunks > 1 else None)
         padded = max(transform.threads, conv.threads, window_elements)
-        context.update(index.template_context(alg, padded))
-        context.update(convolution_selftest_context(whole))
-        context.update(kernel=name, transform_kernel=transform.kernel, variant=variant, table_name=f"{name}_rows",
-                       transform_threads=TRANSFORM_THREADS)
+        context = Im2winContext(**index.template_context(alg, padded), **convolution_selftest_context(whole), **fields,
+                                **window, kernel=name, variant=variant, table_name=f"{name}_rows",
+                                transform_kernel=transform.kernel, transform_threads=TRANSFORM_THREADS)
         buffers = (Buffer("x", whole.image_shape, "in"),
-                   Buffer("w", alg.filter_shape, "in", 16 if context["b_vec"] == 4 else 4),
-                   Buffer("win", index.window_tensor_shape(alg), "workspace", 16 if vector else 4),
+                   Buffer("w", alg.filter_shape, "in", 16 if context.b_vec == 4 else 4),
+                   Buffer("win", window_tensor_shape(alg), "workspace", 16 if vector else 4),
                    Buffer("y", whole.output_shape, "out"))
-        return KernelPlan(self.name, variant, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
-                          zero_output=context["splits"] > 1, **gemm.async_copy_arch(tiles))
+        return KernelPlan(self.name, variant.value, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
+                          zero_output=context.splits > 1, **gemm_tiles.async_copy_arch(tiles))
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs
@@ -180,7 +200,7 @@ def window_tensor_reference(spec: ConvSpec, x: np.ndarray) -> np.ndarray:
         x = np.moveaxis(x[..., : spec.c], -1, 1)
     pads = [(0, 0), (0, 0)] + [(p, p) for p in spec.padding]
     padded = np.pad(x, pads)
-    width = index.window_width(alg)
+    width = window_width(alg)
     outer_taps = list(np.ndindex(*spec.filter_size[:-1]))
     planes = []
     for taps in outer_taps:
