@@ -14,7 +14,7 @@ from codegen.compile import CompileError, CompiledKernel, compile_source, comput
 from codegen.families import get_family
 from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, format_bytes
 from codegen.render import KernelSource, render_kernels
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, DType, SpecError
 from codegen.device import Device, max_shared_per_block
 from codegen.device import resolve as resolve_device
 from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
@@ -46,10 +46,11 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     it (a smaller batch chunk, the TMA kernel's transposed filter left out); tiles passed in are
     refused with the largest choice that fits; a family that cannot get under it says what it
     needs at least."""
-    fam = get_family(family)
+    fam = get_family(family, spec)
     if not isinstance(spec, ConvSpec):
         raise TypeError(f"spec must be a codegen.ConvSpec (make one with ConvSpec(...) or ConvSpec.from_dict(...)); "
                         f"got {type(spec).__module__}.{type(spec).__name__}")
+    fam.check_precision(spec)
     device = resolve_device(target, arch)
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
@@ -125,7 +126,7 @@ class Kernel:
             _check(array, buffer, device_id)
         with cupy.cuda.Device(device_id):
             if out is None:
-                result = cupy.empty(self.plan.output.shape, dtype=cupy.float32)
+                result = cupy.empty(self.plan.output.shape, dtype=array_dtype(self.plan.output.dtype))
             else:
                 result = _as_cupy(out, self.plan.output)
                 _check(result, self.plan.output, device_id)
@@ -147,7 +148,7 @@ class Kernel:
         by_name = {b.name: a for b, a in zip(self.plan.inputs, arrays)}
         by_name[self.plan.output.name] = result
         for buffer in self.plan.workspaces:
-            by_name[buffer.name] = cupy.empty(buffer.shape, dtype=cupy.float32)
+            by_name[buffer.name] = cupy.empty(buffer.shape, dtype=array_dtype(buffer.dtype))
         for symbol, buffer_name in self.plan.constants:
             source = by_name[buffer_name]
             cupy.cuda.runtime.memcpyAsync(self._global(device_id, symbol), source.data.ptr, source.nbytes,
@@ -282,6 +283,10 @@ def _as_cupy(obj: Any, buffer: Buffer):
 
     if isinstance(obj, cupy.ndarray):
         return obj
+    if _kind(obj) == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16":
+        import torch   # bfloat16 has no __cuda_array_interface__ typestr: pass its bits, as CuPy takes them
+
+        return cupy.asarray(obj.view(torch.int16)).view(cupy.uint16)
     if hasattr(obj, "__cuda_array_interface__"):
         return cupy.asarray(obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
@@ -295,10 +300,10 @@ def _as_cupy(obj: Any, buffer: Buffer):
 
 
 def _check(array, buffer: Buffer, device_id: int) -> None:
-    import cupy
-
-    if array.dtype != cupy.float32:
-        raise LaunchError(f"{buffer.name} has dtype {array.dtype}; this kernel takes float32")
+    if array.dtype != array_dtype(buffer.dtype):
+        raise LaunchError(f"{buffer.name} has dtype {array.dtype}; this kernel takes {buffer.dtype.value}"
+                          + (" (as uint16 arrays of bfloat16 bits: CuPy has no bfloat16 type; "
+                             "codegen.precision.bfloat16_bits makes them)" if buffer.dtype is DType.bfloat16 else ""))
     if tuple(array.shape) != buffer.shape:
         raise LaunchError(f"{buffer.name} has shape {tuple(array.shape)}; this kernel takes {buffer.shape}")
     if not array.flags.c_contiguous:
@@ -309,6 +314,14 @@ def _check(array, buffer: Buffer, device_id: int) -> None:
     if array.data.ptr % buffer.alignment:
         raise LaunchError(f"{buffer.name} starts at an address not aligned to {buffer.alignment} bytes, "
                           "which this vectorised kernel needs")
+
+
+def array_dtype(dtype: DType):
+    """The CuPy dtype of arrays holding ``dtype``: bfloat16 travels as uint16 bits, since CuPy has
+    no bfloat16 type (as in DLPack consumers without one)."""
+    import cupy
+
+    return {DType.float32: cupy.float32, DType.float16: cupy.float16, DType.bfloat16: cupy.uint16}[dtype]
 
 
 def _stream_for(kind: str):
@@ -322,8 +335,11 @@ def _stream_for(kind: str):
 
 
 def _to_kind(result, kind: str):
+    import cupy
+
     if kind == "torch":
         import torch
 
-        return torch.from_dlpack(result)
+        tensor = torch.from_dlpack(result.view(cupy.int16) if result.dtype == cupy.uint16 else result)
+        return tensor.view(torch.bfloat16) if result.dtype == cupy.uint16 else tensor
     return result

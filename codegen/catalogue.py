@@ -76,7 +76,7 @@ def entries() -> list[Entry]:
 
 def _heuristic(family: str, spec: ConvSpec) -> dict:
     """Explicit heuristic tiles, so that a tuning database on the machine never changes the catalogue."""
-    return get_family(family).default_tiles(spec).to_dict()
+    return get_family(family, spec).default_tiles(spec).to_dict()
 
 
 def stale_files() -> list[Path]:

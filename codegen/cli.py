@@ -28,11 +28,16 @@ examples:
 spec flags (every command that takes a spec): sizes are given outermost first, (H W) in 2D and
 (D H W) in 3D; --stride/--padding/--dilation take one value for all dimensions or one per
 dimension; --spec FILE.json reads the same fields (dims, layout, n, c, k, input_size,
-filter_size, stride, padding, dilation, dpitch, dtype) and flags given as well override it.
+filter_size, stride, padding, dilation, dpitch, dtype, math) and flags given as well override it.
+Precision: --dtype float32 (default), float16 (fp16) or bfloat16 (bf16), inputs, filter and output
+in that type with FP32 accumulation; for float32, --math fma (default, the FMA pipe), tf32 (operands
+rounded to TF32 on tensor cores, PyTorch's default for convolutions) or 3xtf32 (FP32-level accuracy
+on tensor cores).  16-bit types and tf32/3xtf32 run in implicit_gemm on sm_80 and newer.
 """
 
 DEFAULTS = {"dims": 2, "n": 2, "c": 3, "k": 8, "input_size": None, "filter_size": None,
-            "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32"}
+            "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32",
+            "math": "fma"}
 """What a flag left out means; padding 0 as in a spec file, ConvSpec and torch.nn.Conv2d."""
 
 
@@ -55,7 +60,10 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
                        "torch.nn.Conv2d; --padding 1 keeps a 3x3 filter's output the input's size)")
     group.add_argument("--dilation", type=int, nargs="+", help="dilation (default 1)")
     group.add_argument("--dpitch", type=int, help="channel pitch of channels-last data, >= c (default c)")
-    group.add_argument("--dtype", help="element type (float32)")
+    group.add_argument("--dtype", help="element type of input, filter and output: float32 (default), float16 "
+                       "(fp16) or bfloat16 (bf16); sums accumulate in FP32")
+    group.add_argument("--math", help="how float32 multiplies: fma (default, full FP32), tf32 (tensor cores, "
+                       "operands rounded to TF32, as PyTorch's default) or 3xtf32 (tensor cores, FP32-level accuracy)")
     parser.add_argument("--tile", action="append", default=[], metavar="NAME=VALUE",
                         help="set a tile parameter (repeatable); see 'convgen families'")
 
@@ -72,7 +80,8 @@ def given_fields(args) -> dict:
              "c": args.c,
              "k": args.k, "input_size": _one_or_many(args.input), "filter_size": _one_or_many(args.filter),
              "stride": _one_or_many(args.stride), "padding": _one_or_many(args.padding),
-             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype}
+             "dilation": _one_or_many(args.dilation), "dpitch": args.dpitch, "dtype": args.dtype,
+             "math": args.math}
     return {k: v for k, v in flags.items() if v is not None}
 
 
@@ -244,7 +253,7 @@ def cmd_fuzz(args) -> int:
     if tiles:
         family.tiles_type.from_dict({**family.tiles_type().to_dict(), **tiles})   # names and values, before drawing
     pinned = given_fields(args)
-    check_pins(pinned)
+    check_pins(pinned, args.family)
     what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
     kept = ", ".join(f"{k}={v}" for k, v in pinned.items()) or "none"
     chosen = " (tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items()) + ")" if tiles else ""

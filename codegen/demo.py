@@ -46,7 +46,7 @@ def _heuristic(family: str, spec: ConvSpec) -> dict:
     """The demo shows the heuristic's kernels, whatever a tuning database on this machine says."""
     from codegen.families import get_family
 
-    return get_family(family).default_tiles(spec).to_dict()
+    return get_family(family, spec).default_tiles(spec).to_dict()
 
 
 def run(out_dir: Path) -> int:

@@ -19,7 +19,7 @@ from codegen.spec import ConvSpec, Layout, SpecError
 
 
 PINNABLE = ("dims", "layout", "n", "c", "k", "input_size", "filter_size", "stride", "padding", "dilation", "dpitch",
-            "dtype")
+            "dtype", "math")
 
 
 @st.composite
@@ -69,24 +69,30 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
     assume(all(d * (f - 1) + 1 <= size + 2 * p for size, f, p, d in zip(sizes, filters, padding, dilation)))
     spec = ConvSpec(dims=dims, layout=layout, n=n, c=c, k=one("k", st.integers(min_k, max_k)), input_size=sizes,
                     filter_size=filters, stride=stride, padding=padding, dilation=dilation, dpitch=dpitch,
-                    dtype=pinned.get("dtype", "float32"))
+                    dtype=pinned.get("dtype", "float32"), math=pinned.get("math", "fma"))
     alg = IndexAlgebra(spec)
     if "input_size" not in pinned:
         assume(alg.rows * alg.cols <= max_elements and alg.image_elements <= max_elements)
     return spec
 
 
-def check_pins(pinned: dict) -> None:
+def check_pins(pinned: dict, family: str | None = None) -> None:
     """Refuse pins no spec can hold, naming the field, before a search that could never start:
-    an unknown field, or one ConvSpec refuses with the other fields at their mildest (unit filter,
-    stride and dilation, no padding, a large input)."""
+    an unknown field, one ConvSpec refuses with the other fields at their mildest (unit filter,
+    stride and dilation, no padding, a large input), or a dtype or math mode ``family`` has no
+    kernel for."""
     unknown = sorted(set(pinned) - set(PINNABLE))
     if unknown:
         raise SpecError(unknown[0], pinned[unknown[0]], f"cannot be pinned; pinnable fields: {', '.join(PINNABLE)}")
     dims = pin_dims(pinned) or 2
     mildest = {"dims": dims, "layout": "NHWC" if dims == 2 else "NDHWC", "n": 1, "c": 1, "k": 1, "input_size": 64,
-               "filter_size": 1, "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32"}
-    ConvSpec.from_dict({**mildest, **pinned})
+               "filter_size": 1, "stride": 1, "padding": 0, "dilation": 1, "dpitch": None, "dtype": "float32",
+               "math": "fma"}
+    spec = ConvSpec.from_dict({**mildest, **pinned})
+    if family is not None:
+        from codegen.families import get_family
+
+        get_family(family).check_precision(spec)
 
 
 def pin_dims(pinned: dict) -> int | None:
@@ -308,7 +314,7 @@ def fuzz(family: str, examples: int, on_gpu: bool, tiles=None, seed: int | None 
     from hypothesis.errors import NoSuchExample, Unsatisfiable
 
     pinned = pinned or {}
-    check_pins(pinned)
+    check_pins(pinned, family)
     seed = random.randrange(2**32) if seed is None else seed
     report = FuzzReport(checked=0, refused=Counter(), seed=seed)
 

@@ -42,8 +42,8 @@ class Layout(str, enum.Enum):
 
 
 class DType(str, enum.Enum):
-    """Element types.  Only float32 has kernels today; the others are declared so that adding them
-    later changes the kernels, not the shape of the spec."""
+    """Element types of input, filter and output.  Whatever the type, sums accumulate in FP32 and
+    round once to the output type at the end (as cuDNN and CUTLASS do)."""
 
     float32 = "float32"
     float16 = "float16"
@@ -58,7 +58,48 @@ class DType(str, enum.Enum):
         return 4 if self is DType.float32 else 2
 
 
-SUPPORTED_DTYPES = (DType.float32,)
+    @property
+    def short_name(self) -> str:
+        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.value]
+
+
+DTYPE_ALIASES = {"fp32": DType.float32, "f32": DType.float32, "fp16": DType.float16, "f16": DType.float16,
+                 "half": DType.float16, "bf16": DType.bfloat16}
+"""Short names a user may type for a dtype (PyTorch's and CUTLASS's spellings)."""
+
+
+class MathMode(str, enum.Enum):
+    """How a float32 convolution multiplies (PyTorch's ``fp32_precision`` and cuDNN's math types):
+    ``fma`` in full FP32 on the FMA pipe; ``tf32`` with operands rounded to TF32 on tensor cores
+    (what ``torch.backends.cudnn.allow_tf32`` does); ``3xtf32`` with each operand split into a TF32
+    big and small part and three tensor-core products, FP32-level accuracy (CUTLASS's "fast
+    accurate FP32").  float16 and bfloat16 always multiply on tensor cores, so they take ``fma``,
+    the field's default, meaning "no float32 mode"."""
+
+    fma = "fma"
+    tf32 = "tf32"
+    three_tf32 = "3xtf32"
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self is not MathMode.fma
+
+
+def uses_tensor_cores(dtype: "DType", math_mode: MathMode) -> bool:
+    """Whether a spec of this dtype and math mode runs on tensor cores (sm_80 and newer)."""
+    return dtype is not DType.float32 or math_mode.tensor_cores
+
+
+def _dtype(value: Any) -> "DType":
+    if isinstance(value, str) and value in DTYPE_ALIASES:
+        return DTYPE_ALIASES[value]
+    try:
+        return DType(value)
+    except ValueError:
+        raise SpecError("dtype", value, f"must be one of {', '.join(d.value for d in DType)} "
+                        f"(or {', '.join(DTYPE_ALIASES)})") from None
+
+
 LAYOUTS_FOR_DIMS = {2: (Layout.NCHW, Layout.NHWC), 3: (Layout.NCDHW, Layout.NDHWC)}
 
 
@@ -123,6 +164,7 @@ class ConvSpec:
     dilation: tuple[int, ...] = field(default=1)
     dpitch: int | None = None
     dtype: DType = DType.float32
+    math: MathMode = MathMode.fma
 
     def __post_init__(self) -> None:
         dims = _integer(self.dims)
@@ -132,6 +174,8 @@ class ConvSpec:
             raise SpecError("layout", self.layout, f"must be one of {', '.join(l.value for l in Layout)}")
         if not isinstance(self.dtype, (str, DType)):
             raise SpecError("dtype", self.dtype, f"must be one of {', '.join(d.value for d in DType)}")
+        if not isinstance(self.math, (str, MathMode)):
+            raise SpecError("math", self.math, f"must be one of {', '.join(m.value for m in MathMode)}")
         try:
             layout = Layout(self.layout)
         except ValueError:
@@ -139,12 +183,14 @@ class ConvSpec:
         if layout not in LAYOUTS_FOR_DIMS[dims]:
             allowed = " or ".join(l.value for l in LAYOUTS_FOR_DIMS[dims])
             raise SpecError("layout", layout.value, f"a {dims}D spec takes {allowed}")
+        dtype = _dtype(self.dtype)
         try:
-            dtype = DType(self.dtype)
+            math_mode = MathMode(self.math)
         except ValueError:
-            raise SpecError("dtype", self.dtype, f"must be one of {', '.join(d.value for d in DType)}") from None
-        if dtype not in SUPPORTED_DTYPES:
-            raise SpecError("dtype", dtype.value, "only float32 has kernels in this version")
+            raise SpecError("math", self.math, f"must be one of {', '.join(m.value for m in MathMode)}") from None
+        if math_mode is not MathMode.fma and dtype is not DType.float32:
+            raise SpecError("math", math_mode.value, f"applies to float32 only; {dtype.value} always multiplies on "
+                            "tensor cores, accumulating in FP32 (leave math at fma)")
         n, c, k = (_positive_int(name, getattr(self, name)) for name in ("n", "c", "k"))
         input_size = _per_dim("input_size", self.input_size, dims, 1)
         filter_size = _per_dim("filter_size", self.filter_size, dims, 1)
@@ -177,6 +223,7 @@ class ConvSpec:
             ("dpitch", dpitch),
             ("layout", layout),
             ("dtype", dtype),
+            ("math", math_mode),
             ("input_size", input_size),
             ("filter_size", filter_size),
             ("stride", stride),
@@ -198,6 +245,7 @@ class ConvSpec:
         data = dataclasses.asdict(self)
         data["layout"] = self.layout.value
         data["dtype"] = self.dtype.value
+        data["math"] = self.math.value
         for key in ("input_size", "filter_size", "stride", "padding", "dilation"):
             data[key] = list(data[key])
         return data
@@ -236,11 +284,12 @@ class ConvSpec:
     def describe(self) -> str:
         """One line for headers, tables and error reports."""
         pitch = f" dpitch={self.dpitch}" if self.dpitch is not None else ""
+        math = f" math={self.math.value}" if self.math is not MathMode.fma else ""
         return (
             f"{self.dims}D {self.layout.value} n={self.n} c={self.c} k={self.k} "
             f"input={'x'.join(map(str, self.input_size))} filter={'x'.join(map(str, self.filter_size))} "
             f"stride={_tup(self.stride)} padding={_tup(self.padding)} dilation={_tup(self.dilation)}"
-            f"{pitch} {self.dtype.value}"
+            f"{pitch} {self.dtype.value}{math}"
         )
 
 

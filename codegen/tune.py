@@ -156,7 +156,7 @@ def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
         import torch.nn.functional as F
     except ImportError:
         host = [cupy.asnumpy(a) for a in inputs]
-        return cupy.asarray(get_family(family).reference(spec, *host))
+        return cupy.asarray(get_family(family, spec).reference(spec, *host))
     x, w = (torch.from_dlpack(a).double() for a in inputs[:2])
     if spec.layout.channels_last:
         x = x[..., : spec.c]
@@ -196,7 +196,7 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     from codegen.compile import resolve_arch
     from codegen.families import get_family
 
-    fam = get_family(family)
+    fam = get_family(family, spec)
     host_inputs = fam.make_inputs(spec, np.random.default_rng(7))
     input_bytes = sum(a.nbytes for a in host_inputs)
     copies = max(2, min(8, math.ceil(2 * L2_BYTES / max(1, input_bytes))))
@@ -244,7 +244,7 @@ def tune(family: str, spec: ConvSpec, budget: float = 60.0, max_configs: int = 2
     from codegen.device import resolve
     from codegen.families import get_family
 
-    fam = get_family(family)
+    fam = get_family(family, spec)
     check_workspace_limit(workspace_limit)
     here = resolve(None, None)
     heuristic_tiles = fam.heuristic_tiles(spec, here)

@@ -200,7 +200,7 @@ def kernel_fingerprint(family: str, spec: ConvSpec, tiles: dict) -> str:
 @functools.lru_cache(maxsize=256)
 def _fingerprint(family: str, spec: ConvSpec, tiles_json: str) -> str:
     """Rendering takes ~0.1 s; a process asks again for every build of a tuned spec."""
-    fam = get_family(family)
+    fam = get_family(family, spec)
     code = render.render_kernels(fam.plan(spec, fam.complete_tiles(spec, json.loads(tiles_json)))).code
     lines = (re.sub(r"//.*$", "", KERNEL_TAG.sub(r"\1", line)).rstrip() for line in code.splitlines())
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()[:16]

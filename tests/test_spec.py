@@ -36,7 +36,9 @@ BAD_SPECS = [
     ({"dpitch": 2}, "dpitch", ">= c (3)"),
     ({"layout": "NCHW", "dpitch": 4}, "dpitch", "channels-last"),
     ({"dtype": "float64"}, "dtype", "one of"),
-    ({"dtype": "float16"}, "dtype", "only float32"),
+    ({"math": "tf16"}, "math", "one of"),
+    ({"dtype": "float16", "math": "tf32"}, "math", "float32 only"),
+    ({"dtype": "bfloat16", "math": "3xtf32"}, "math", "float32 only"),
 ]
 
 

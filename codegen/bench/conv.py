@@ -86,7 +86,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
               "cudnn_algorithm": cudnn_algorithm(cudnn_kernels)}
     timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
     here = resolve_device(None, None)
-    built_by_default = {family: get_family(family).heuristic_tiles(spec, here).to_dict()
+    built_by_default = {family: get_family(family, spec).heuristic_tiles(spec, here).to_dict()
                         for family in families if family != "direct"}
 
     def prepare(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
@@ -126,7 +126,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
         if family == "direct":
             groups.append([prepare("direct", v, tiles_for(spec, v)) for v in DIRECT_CANDIDATES])
             continue
-        groups.append([prepare(family, "heuristic", get_family(family).default_tiles(spec).to_dict())])
+        groups.append([prepare(family, "heuristic", get_family(family, spec).default_tiles(spec).to_dict())])
         if family == "im2win":
             groups.append([within_cudnn()])
         if family == "implicit_gemm" and gemm_heuristic.tma_suits(spec):

@@ -82,6 +82,6 @@ def time_kernel(kernel, repeats: int = 20) -> float:
 
     from codegen.families import get_family
 
-    inputs = [cupy.asarray(x) for x in get_family(kernel.plan.family).make_inputs(kernel.spec, np.random.default_rng(0))]
+    inputs = [cupy.asarray(x) for x in get_family(kernel.plan.family, kernel.spec).make_inputs(kernel.spec, np.random.default_rng(0))]
     out = cupy.empty(kernel.plan.output.shape, dtype=cupy.float32)
     return median_seconds(lambda: kernel.launch(inputs, out), repeats)

@@ -22,7 +22,7 @@ import sympy
 from codegen import index, launch_limits
 from codegen.device import Device
 from codegen.index import IndexAlgebra
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, DType, MathMode, SpecError
 from codegen.spec import replace as replace_spec
 from codegen.tiles import Tiles
 
@@ -36,6 +36,8 @@ class Buffer:
     shape: tuple[int, ...]
     role: str
     alignment: int = 4
+    dtype: DType = DType.float32
+    """Element type: the spec's for inputs and output; workspaces hold FP32 partial sums."""
 
     @property
     def elements(self) -> int:
@@ -312,7 +314,7 @@ class KernelPlan:
     @property
     def workspace_bytes(self) -> int:
         """Extra device memory beyond inputs and output (4-byte elements)."""
-        return sum(b.elements for b in self.workspaces) * 4
+        return sum(b.elements * b.dtype.itemsize for b in self.workspaces)
 
     def launch_args(self, launch: Launch) -> tuple[Buffer, ...]:
         if launch.args is None:
@@ -395,6 +397,21 @@ class Family:
     summary: ClassVar[str]
     convolution: ClassVar[bool] = True
     """Whether the output is the convolution (its speed is counted in FLOPs), not a transform."""
+
+    def for_spec(self, spec: ConvSpec) -> "Family":
+        """The family object whose kernels run ``spec``: itself, unless a family keeps a separate
+        kernel (with its own tiles) for some dtypes or math modes."""
+        return self
+
+    def check_precision(self, spec: ConvSpec) -> None:
+        """Refuse, naming the field, a dtype or math mode this family has no kernel for (before any
+        tile is chosen or source rendered).  The FP32 families run float32 on the FMA pipe only."""
+        if spec.dtype is not DType.float32:
+            raise SpecError("dtype", spec.dtype.value, f"{self.name} runs float32 only; float16 and bfloat16 "
+                            "run in implicit_gemm (tensor cores, sm_80 and newer)")
+        if spec.math is not MathMode.fma:
+            raise SpecError("math", spec.math.value, f"{self.name} runs math=fma only; tf32 and 3xtf32 run in "
+                            "implicit_gemm (tensor cores, sm_80 and newer)")
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Tiles:
         """The portable heuristic for ``device`` (a ``codegen.device.Device``, an arch or a target
