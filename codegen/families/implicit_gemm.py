@@ -34,7 +34,7 @@ import numpy as np
 
 from codegen import index
 from codegen.device import Device, as_device, present
-from codegen.families import gemm_heuristic, gemm_loop, gemm_tuning
+from codegen.families import gemm_heuristic, gemm_loop, gemm_tuning, mma_gemm
 from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch, TensorMap,
                                    convolution_selftest_context, grid_for, kernel_name)
 from codegen.families.direct import convolution_reference
@@ -42,7 +42,7 @@ from codegen.families.gemm_tiles import (TMA_ALIGNMENT, TMA_BOX_PIXELS, TMA_FIXE
                                          async_copy_arch, check_geometry, check_tma_spec, data_parallel_rounds, grid,
                                          shared_bytes, shared_tiles, tma_counts_fit, tma_grid, tma_register_split,
                                          tma_resident_blocks, tma_shared_bytes, tma_slices)
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, SpecError, uses_tensor_cores
 from codegen.terms.gemm import gemm_sizes, gemm_terms
 from codegen.terms.implicit_gemm import gather_slices, gather_terms, im2col_map_terms, transposed_filter_terms
 
@@ -168,6 +168,11 @@ class ImplicitGemm(Family):
     tiles_type = GemmTiles
     summary = ("implicit-GEMM convolution: cp.async pipeline, warp and thread tiles, precomputed offsets; "
                "tma=True: the sm_90 TMA kernel (channels-first: A gathered by its producer warps)")
+
+    def for_spec(self, spec: ConvSpec) -> Family:
+        """The tensor-core kernel (``mma_gemm``) for float16, bfloat16, tf32 and 3xtf32; this FMA
+        family for float32 with math fma."""
+        return mma_gemm.FAMILY if uses_tensor_cores(spec.dtype, spec.math) else self
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> GemmTiles:
         """The portable cp.async kernel's tiles (``gemm_heuristic.portable_tiles``)."""
