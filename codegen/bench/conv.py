@@ -1,10 +1,12 @@
-"""``convgen bench conv``: the convolution families against cuDNN fp32 on the twelve layers and
+"""``convgen bench conv``: the convolution families against cuDNN on the twelve layers and
 the 3D layers, in one run (the im2win paper's Figures 2, 3 and 4 on our GPU), or on the layers
 of a ``--shapes`` file.
 
 Per layer: implicit GEMM (and, on layers it takes, its sm_90 TMA kernel), im2win,
 im2col + cuBLAS GEMM, the best direct kernel and cuDNN fp32
-(TF32 off, ``cudnn.benchmark`` on), each checked against cuDNN's output, then timed with CUDA
+(TF32 off, ``cudnn.benchmark`` on); with ``dtype``/``math`` the tensor-core implicit GEMM against
+cuDNN at the same precision (bf16, fp16, tf32; 3xtf32 against cuDNN fp32 and our FMA kernel, the
+accuracy it matches).  Each is checked against cuDNN's output, then timed with CUDA
 events (warm-up, median of repeats) in rounds that take each in turn (the median of the rounds
 is reported), with its effective TFLOP/s (2*N*K*C*taps*outputs / time) and its peak
 extra device memory: the workspaces of our plans (exact, from the plan) and, for cuDNN, the
@@ -31,11 +33,12 @@ import numpy as np
 
 from codegen.bench import CONV_FAMILIES
 from codegen.bench.clocks import ClockSampler, describe, sampler_for_current_device
-from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, cudnn_extra_bytes, launched_kernels
+from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, cudnn_extra_bytes, launched_kernels, peer_precision
 from codegen.bench.direct import tiles_for
 from codegen.bench.layers import benchmark_layers, layer_spec
 from codegen.bench.timing import median_seconds
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, MathMode, uses_tensor_cores
+from codegen.spec import replace as replace_spec
 
 DIRECT_CANDIDATES = ("tiled_tma", "tiled_register", "tiled_halo", "basic")
 FP32_PEAK_TFLOPS = 67.0
@@ -81,7 +84,12 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
     x, w, y = case.x, case.w, case.y
     cudnn_extra = cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
     cudnn_kernels = launched_kernels(case.run_cudnn)
+    tensor_cores = uses_tensor_cores(spec.dtype, spec.math)
+    if tensor_cores:     # only the implicit GEMM has tensor-core kernels; the FP32 families refuse the spec
+        families, ablation = tuple(f for f in families if f == "implicit_gemm"), False
     common = {"layer": label, "layout": spec.layout.value, "spec": spec.describe(), "flops": flops,
+              "precision": spec.math.value if spec.math is not MathMode.fma else spec.dtype.short_name,
+              "cudnn_precision": peer_precision(spec),
               "cudnn_extra_bytes": cudnn_extra, "cudnn_kernels": cudnn_kernels,
               "cudnn_algorithm": cudnn_algorithm(cudnn_kernels)}
     timed: list[tuple[dict, object, int]] = []   # (row, launch, repeats) of every kernel that built
@@ -89,11 +97,11 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
     built_by_default = {family: get_family(family, spec).heuristic_tiles(spec, here).to_dict()
                         for family in families if family != "direct"}
 
-    def prepare(family: str, variant: str, tiles, ablated: str | None = None) -> dict:
+    def prepare(family: str, variant: str, tiles, ablated: str | None = None, run_spec: ConvSpec = spec) -> dict:
         row = {**common, "family": family, "variant": variant, "ablation": ablated,
                "build_choice": variant in ("heuristic", "tma") and tiles == built_by_default.get(family)}
         try:
-            kernel = build(family, spec, tiles)
+            kernel = build(family, run_spec, tiles)
         except SpecError as err:
             return {**row, "skipped": str(err)}
         y.fill(float("nan"))
@@ -129,13 +137,16 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
         groups.append([prepare(family, "heuristic", get_family(family, spec).default_tiles(spec).to_dict())])
         if family == "im2win":
             groups.append([within_cudnn()])
-        if family == "implicit_gemm" and gemm_heuristic.tma_suits(spec):
+        if family == "implicit_gemm" and not tensor_cores and gemm_heuristic.tma_suits(spec):
             groups.append([prepare(family, "tma", gemm_heuristic.tma_tiles(spec).to_dict())])
         if tuned and family in ("implicit_gemm", "im2win"):
             recorded = tuned_tiles(family, spec)
             groups.append([prepare(family, "tuned", recorded) if recorded else
                            {**common, "family": family, "variant": "tuned", "ablation": None,
                             "skipped": "no tuned entry for this GPU and version (run convgen tune)"}])
+    if tensor_cores and spec.dtype.itemsize == 4 and "implicit_gemm" in families:
+        fma = replace_spec(spec, math="fma")     # tf32 and 3xtf32 beside the FMA kernel they are faster than
+        groups.append([prepare("implicit_gemm", "fma", None, run_spec=fma)])
     if ablation and "im2win" in families:
         base = im2win.FAMILY.default_tiles(spec)
         for removed in im2win.ABLATIONS:
@@ -173,9 +184,10 @@ LAYER_GROUPS = ("conv2d_mec", "conv3d")
 
 def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("NCHW", "NCDHW"), layers=None,
                families=CONV_FAMILIES, ablation: bool = True, tuned: bool = False, name: str = "conv",
-               source: str = "shapes.json") -> list[dict]:
+               source: str = "shapes.json", dtype: str = "float32", math_mode: str = "fma") -> list[dict]:
     """``layers``: the layer dicts to run (``layers.benchmark_layers``; default every layer of
-    ``LAYER_GROUPS``), named in the plot's title by ``source``, the file they came from."""
+    ``LAYER_GROUPS``), named in the plot's title by ``source``, the file they came from; ``dtype``
+    and ``math_mode`` the precision every layer runs at."""
     results: list[dict] = []
     start = time.perf_counter()
     chosen = benchmark_layers(LAYER_GROUPS) if layers is None else layers
@@ -183,7 +195,7 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
         for index, layer in enumerate(chosen, 1):
             dims = 3 if "D" in layer else 2
             for layout in [l for l in layouts if len(l) - 2 == dims]:
-                spec = layer_spec(layer, layout, layer.get("N", 128))
+                spec = replace_spec(layer_spec(layer, layout, layer.get("N", 128)), dtype=dtype, math=math_mode)
                 rows = bench_layer(spec, layer["name"], repeats, families, ablation, tuned, sampler)
                 results.extend(rows)
                 best = min((r for r in rows if "ms" in r and not r["ablation"]), key=lambda r: r["ms"], default=None)
@@ -200,11 +212,12 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     return results
 
 
-SERIES = ("heuristic", "tma", "tuned", WITHIN_CUDNN)
+SERIES = ("heuristic", "tma", "fma", "tuned", WITHIN_CUDNN)
 """The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
 TMA kernel (layers it takes, channels-first ones with A gathered), the tuning database's choice,
 and im2win held to cuDNN's extra memory."""
-HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "tuned": "(tuned)", WITHIN_CUDNN: "(<=cuDNN MiB)"}
+HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "fma": "(fp32 fma)", "tuned": "(tuned)",
+            WITHIN_CUDNN: "(<=cuDNN MiB)"}
 ALGORITHM_CELLS = {"GEMM": "gemm", "FFT": "fft", "Winograd": "wino", "unknown": "?"}
 """``cudnn.cudnn_algorithm``'s answers as the table's ``alg`` column shows them."""
 
@@ -226,7 +239,8 @@ def format_table(results: list[dict]) -> str:
     columns = f"{'layer':{width}} {'layout':6} {'cuDNN':>6}"
     head = columns + (f" {'alg':>4}" if has_algorithm else "") + family_columns + (
         f" {'MHz':>5} {'cap':>4}" if has_clock else "")
-    lines = ["TFLOP/s (ratio to cuDNN fp32 in the same run)", head, "-" * len(head)]
+    ours, theirs = results[0].get("precision", "fp32"), results[0].get("cudnn_precision", "fp32")
+    lines = [f"TFLOP/s of {ours} kernels (ratio to cuDNN {theirs} in the same run)", head, "-" * len(head)]
     memory = ["extra device memory, MiB", columns + family_columns, "-" * len(columns + family_columns)]
     keyed = {}
     for r in results:
@@ -359,7 +373,7 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
     algorithm = {(r["layer"], r["layout"]): r.get("cudnn_algorithm", "unknown") for r in results}
     labels = [f"{layer}\n{layout}" + ("" if algorithm[layer, layout] in ("GEMM", "unknown")
                                       else f"\ncuDNN {algorithm[layer, layout]}") for layer, layout in keys]
-    families = [(f, v) for f in CONV_FAMILIES for v in ("heuristic", "tma", WITHIN_CUDNN)
+    families = [(f, v) for f in CONV_FAMILIES for v in ("heuristic", "tma", "fma", WITHIN_CUDNN)
                 if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel
@@ -373,11 +387,13 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
         axes[0].bar(xs + j * width, [values[k]["tflops"] if k in values else 0 for k in keys], width, label=label)
         axes[1].bar(xs + j * width, [values[k]["extra_bytes"] / 2**20 if k in values else 0 for k in keys], width,
                     label=label)
-    axes[0].bar(xs + len(families) * width, [cudnn[k]["cudnn_tflops"] for k in keys], width, label="cuDNN fp32",
+    ours, theirs = main[0].get("precision", "fp32"), main[0].get("cudnn_precision", "fp32")
+    axes[0].bar(xs + len(families) * width, [cudnn[k]["cudnn_tflops"] for k in keys], width, label=f"cuDNN {theirs}",
                 color="grey")
     axes[1].bar(xs + len(families) * width, [cudnn[k]["cudnn_extra_bytes"] / 2**20 for k in keys], width,
-                label="cuDNN fp32", color="grey")
-    axes[0].axhline(0.75 * FP32_PEAK_TFLOPS, color="k", linestyle="--", linewidth=1, label="75% of fp32 peak")
+                label=f"cuDNN {theirs}", color="grey")
+    if ours == "fp32":
+        axes[0].axhline(0.75 * FP32_PEAK_TFLOPS, color="k", linestyle="--", linewidth=1, label="75% of fp32 peak")
     axes[0].set_ylabel("effective TFLOP/s")
     axes[1].set_ylabel("extra memory, MiB")
     axes[1].set_yscale("symlog")
@@ -394,7 +410,7 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
         ax.set_xticks(xs + 0.4 - width / 2)
         ax.set_xticklabels(labels, fontsize=7)
         ax.legend(fontsize=7, ncol=4)
-    axes[0].set_title(f"fp32 convolution, batch as in {source}, H100 (same run)")
+    axes[0].set_title(f"{ours} convolution, batch as in {source}, H100 (same run)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,19 +1,30 @@
-"""cuDNN fp32, the peer of the convolution families: the same inputs on the same memory, which
-algorithm it ran (read from the names of the kernels it launched) and the extra memory it took.
+"""cuDNN at the spec's precision, the peer of the convolution families: the same inputs on the same
+memory, which algorithm it ran (read from the names of the kernels it launched) and the extra
+memory it took.
 """
 from __future__ import annotations
 
 import warnings
 
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, DType, MathMode
 
 
-def cudnn_fp32(spec: ConvSpec, x_torch, w_torch):
+def peer_precision(spec: ConvSpec) -> str:
+    """What cuDNN runs as the spec's peer: fp32 (TF32 off) for math fma and 3xtf32 (cuDNN has no
+    3xTF32: FP32 is the accuracy it matches), tf32 for math tf32, else the 16-bit dtype."""
+    if spec.dtype is not DType.float32:
+        return spec.dtype.short_name
+    return "tf32" if spec.math is MathMode.tf32 else "fp32"
+
+
+def cudnn_run(spec: ConvSpec, x_torch, w_torch):
+    """One cuDNN call on ``x_torch`` and ``w_torch`` (already of the spec's dtype), TF32 allowed
+    only for math tf32, ``cudnn.benchmark`` on (its fastest algorithm for the shape)."""
     import torch
     import torch.nn.functional as F
 
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = spec.math is MathMode.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     conv = F.conv2d if spec.dims == 2 else F.conv3d
     return lambda: conv(x_torch, w_torch, stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
@@ -57,29 +68,47 @@ def cudnn_algorithm(kernel_names: list[str]) -> str:
 
 
 class CudnnCase:
-    """One spec's uniform random inputs (seed 11) and output buffer on the GPU, cuDNN fp32 on the
-    same memory (channels-last data seen by PyTorch through permuted views), and its output in
-    float64, which a kernel's output is compared with through ``as_torch``."""
+    """One spec's uniform random inputs (seed 11) and output buffer on the GPU in the spec's dtype
+    (bfloat16 as uint16 bits, as the kernels take it), cuDNN at the peer precision on the same
+    memory (channels-last data seen by PyTorch through permuted views), and its output in float64,
+    which a kernel's output is compared with through ``as_torch``."""
 
     def __init__(self, spec: ConvSpec):
         import cupy
 
+        from codegen.api import array_dtype
         from codegen.index import IndexAlgebra
 
         alg = IndexAlgebra(spec)
         rng = cupy.random.default_rng(11)
-        self.x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
-        self.w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
-        self.y = cupy.empty(alg.output_shape, dtype=cupy.float32)
+        self.x, self.w = (self._stored(rng.uniform(-1, 1, shape, dtype=cupy.float32), spec.dtype)
+                          for shape in (alg.image_shape, alg.filter_shape))
+        self.y = cupy.empty(alg.output_shape, dtype=array_dtype(spec.dtype))
         self._last = (0, spec.dims + 1, *range(1, spec.dims + 1)) if spec.layout.channels_last else None
-        self.run_cudnn = cudnn_fp32(spec, self.as_torch(self.x), self.as_torch(self.w))
+        self.run_cudnn = cudnn_run(spec, self.as_torch(self.x), self.as_torch(self.w))
         self.expected = self.run_cudnn().double()
 
-    def as_torch(self, array):
-        """A CuPy array as the (N, C, spatial) tensor PyTorch convolves, without a copy."""
+    @staticmethod
+    def _stored(values, dtype: DType):
+        """``values`` (float32) rounded to ``dtype`` as the kernels store it."""
+        import cupy
         import torch
 
-        tensor = torch.from_dlpack(array)
+        if dtype is DType.bfloat16:
+            bits = torch.from_dlpack(values).to(torch.bfloat16).view(torch.int16)
+            return cupy.from_dlpack(bits).view(cupy.uint16)
+        return values.astype(cupy.float16) if dtype is DType.float16 else values
+
+    def as_torch(self, array):
+        """A CuPy array as the (N, C, spatial) tensor PyTorch convolves, without a copy (uint16
+        arrays as the bfloat16 they hold)."""
+        import cupy
+        import torch
+
+        if array.dtype == cupy.uint16:
+            tensor = torch.from_dlpack(array.view(cupy.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_dlpack(array)
         return tensor.permute(*self._last) if self._last else tensor
 
     def relative_error(self) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from codegen.bench.clocks import clocked, describe, sampler_for_current_device
-from codegen.bench.cudnn import cudnn_fp32
+from codegen.bench.cudnn import cudnn_run
 from codegen.bench.layers import benchmark_layers, layer_spec, select_layers
 from codegen.bench.timing import copy_bandwidth, median_seconds
 from codegen.families.direct import VARIANTS as DIRECT_VARIANTS
@@ -39,8 +39,8 @@ def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_b
     if spec.layout.channels_last:
         last = (0, spec.dims + 1, *range(1, spec.dims + 1))
         x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    cudnn_seconds = median_seconds(cudnn_fp32(spec, x_torch, w_torch), repeats)
-    theirs = cudnn_fp32(spec, x_torch, w_torch)()
+    cudnn_seconds = median_seconds(cudnn_run(spec, x_torch, w_torch), repeats)
+    theirs = cudnn_run(spec, x_torch, w_torch)()
     rows = []
     for variant in variants:
         row = {"family": "direct", "layer": label, "layout": spec.layout.value, "variant": variant,
