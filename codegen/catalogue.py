@@ -12,10 +12,17 @@ from codegen.bench.layers import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source
 from codegen.files import write_if_changed
 from codegen.families import direct, gemm_heuristic, get_family
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, replace
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 FAMILY_TILES = {"im2col": (None,), "col2im": ({"algorithm": "gather"}, {"algorithm": "scatter"})}
+TENSOR_CORE_PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "tf32": {"math": "tf32"}}
+"""The tensor-core implicit GEMM's entries: each benchmark layer in BF16 and in TF32 (float32 data),
+named by the suffix."""
+TENSOR_CORE_LAYOUTS = ("NHWC", "NDHWC")
+"""Layouts of the tensor-core entries: channels-last only, the layout tensor-core convolutions run in
+(cuDNN's and CUTLASS's) and the one whose A tile comes in 16-byte copies; the channels-first ones
+would double the entries (32 more files, 0.8 MB) for kernels that the tests build anyway."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,9 @@ def entries() -> list[Entry]:
     """im2col and col2im for the twelve 2D layers; direct for the single-channel filters (every
     variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
     3D layers in both layouts, plus its TMA kernel (sm_90) in the channels-last layouts it takes
-    and the channels-first ones where its gathered A tile pays, and im2win in the benchmark's
-    channels-first layouts (heuristic tiles, batch as benchmarked)."""
+    and the channels-first ones where its gathered A tile pays, and its tensor-core kernel (sm_80)
+    in BF16 and TF32 in the channels-last layouts; and im2win in the benchmark's channels-first
+    layouts (heuristic tiles, batch as benchmarked)."""
     shapes = load_shapes()
     found = []
     for layer in shapes["conv2d_mec"] + shapes["conv3d"]:
@@ -53,6 +61,11 @@ def entries() -> list[Entry]:
             if gemm_heuristic.tma_suits(spec) and (spec.layout.channels_last or gemm_heuristic.gather_pays(spec)):
                 found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_tma", spec,
                                    gemm_heuristic.tma_tiles(spec).to_dict()))
+            if layout in TENSOR_CORE_LAYOUTS:
+                for suffix, precision in TENSOR_CORE_PRECISIONS.items():
+                    tensor_spec = replace(spec, **precision)
+                    found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_{suffix}", tensor_spec,
+                                       _heuristic("implicit_gemm", tensor_spec)))
             if layout in ("NCHW", "NCDHW"):
                 found.append(Entry("im2win", f"{layer['name']}_{layout.lower()}", spec, _heuristic("im2win", spec)))
     for layer in shapes["filter2d"]:

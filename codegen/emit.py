@@ -1,10 +1,12 @@
 """Standalone ``.cu`` emission: kernels, a plain C launcher and a self-test, for plain ``nvcc``."""
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
 
+from codegen import precision
 from codegen.api import check_arch, plan as make_plan
 from codegen.compile import DEFAULT_ARCH
 from codegen.device import Device
@@ -13,7 +15,7 @@ from codegen.files import write_error, write_if_changed
 from codegen.families import get_family
 from codegen.families.gemm_tiles import flops as convolution_flops
 from codegen.render import render
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, DType, MathMode, SpecError, uses_tensor_cores
 from codegen.tiles import Tiles
 
 
@@ -95,7 +97,7 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
                       arch_flags=nvcc_arch_flags(kernel_plan.compile_arch(arch)),
                       output_name=kernel_plan.output.name, output_elements=outputs,
                       selftest_stride=selftest_stride(outputs, terms), selftest_cost=outputs * terms,
-                      **bench_work(kernel_plan))
+                      precision=selftest_precision(kernel_plan), **bench_work(kernel_plan))
 
     text = standalone(default)
     if launcher is None or launcher == default:
@@ -104,13 +106,77 @@ def emit_source(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, 
     return standalone(launcher)
 
 
+STORAGE = {
+    DType.float16: {"header": "cuda_fp16.h", "from_float": "__float2half_rn", "to_float": "__half2float"},
+    DType.bfloat16: {"header": "cuda_bf16.h", "from_float": "__float2bfloat16_rn", "to_float": "__bfloat162float"},
+}
+"""The toolkit header that declares a 16-bit storage type, and its host and device conversions
+(round to nearest even from float; exact to float)."""
+PRODUCTS = {
+    (DType.float16, MathMode.fma): "FP16 products on tensor cores (exact in FP32)",
+    (DType.bfloat16, MathMode.fma): "BF16 products on tensor cores (exact in FP32)",
+    (DType.float32, MathMode.tf32): "TF32 products on tensor cores (each operand rounded to TF32, 10 mantissa bits, "
+                                    "to nearest with ties away)",
+    (DType.float32, MathMode.three_tf32): "3xTF32 products on tensor cores (each operand split into TF32 big + small, "
+                                          "three products a term)",
+}
+"""How a tensor-core kernel multiplies, for the header's precision line."""
+
+
+def c_double(value: float) -> str:
+    """``value`` as a C double literal that parses back to the same double."""
+    return repr(float(value))
+
+
+def powers_of_two(value: float) -> str:
+    """``value`` as a sum of powers of two where it is one of at most three (2^-10 + 2^-22), else
+    its decimal repr: how the error model's constants read in the emitted file's comments."""
+    if value == 0:
+        return "0"
+    terms, rest = [], float(value)
+    while rest > 0 and len(terms) < 3:
+        exponent = math.frexp(rest)[1] - 1
+        terms.append(exponent)
+        rest -= 2.0**exponent
+    if rest:
+        return repr(float(value))
+    return " + ".join(f"2^{e}" for e in terms)
+
+
+def selftest_precision(kernel_plan) -> dict | None:
+    """What the self-test of a tensor-core kernel needs beyond the FP32 one (None for float32 with
+    math fma, whose self-test keeps its fixed relative tolerance): the storage type and its
+    conversions, and ``codegen.precision``'s error model for the spec's dtype and math mode, its
+    constants rendered into the file so that the file and the GPU tests hold outputs to one bound."""
+    spec = kernel_plan.spec
+    if not uses_tensor_cores(spec.dtype, spec.math):
+        return None
+    roundoff = precision.unit_roundoff(spec.dtype, spec.math)
+    constants = {"e_mul": roundoff.product, "e_acc": roundoff.accumulation, "u_out": roundoff.output,
+                 "eta_out": roundoff.output_absolute}
+    storage = STORAGE.get(spec.dtype)
+    return {
+        "dtype": spec.dtype.value,
+        "math": spec.math.value,
+        "c_type": spec.dtype.c_type,
+        "sixteen_bit": storage is not None,
+        **(storage or {"header": None, "from_float": None, "to_float": None}),
+        "products": PRODUCTS[spec.dtype, spec.math],
+        "terms": kernel_plan.context.reference_terms,
+        "products_per_term": roundoff.products_per_term,
+        "constants": {name: c_double(value) for name, value in constants.items()},
+        "powers": {name: powers_of_two(value) for name, value in constants.items()},
+    }
+
+
 def bench_work(kernel_plan) -> dict:
     """What the ``-DCONVGEN_BENCH`` timer divides by the median time: a convolution's FLOPs, else
     the bytes of every input read once and the output written once, as ``convgen bench`` reports
     the memory-bound families (im2col, col2im)."""
     if get_family(kernel_plan.family).convolution:
         return {"bench_flops": convolution_flops(kernel_plan.spec), "bench_bytes": 0}
-    return {"bench_flops": 0, "bench_bytes": sum(b.elements for b in kernel_plan.buffers if b.role != "workspace") * 4}
+    return {"bench_flops": 0, "bench_bytes": sum(b.elements * b.dtype.itemsize for b in kernel_plan.buffers
+                                             if b.role != "workspace")}
 
 
 def nvcc_arch_flags(arch: str) -> str:

@@ -5,13 +5,16 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
-from codegen import catalogue, render
+from codegen import catalogue, precision, render
 from codegen.api import plan
 from codegen.compile import compiler_fingerprint, options_for
-from codegen.emit import SELFTEST_BUDGET, build_flags, emit, emit_source, selftest_stride
-from codegen.spec import ConvSpec
+from codegen.families import get_family
+from codegen.families.direct import convolution_reference
+from codegen.emit import SELFTEST_BUDGET, build_flags, emit, emit_source, powers_of_two, selftest_stride
+from codegen.spec import ConvSpec, DType, SpecError, replace
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -26,7 +29,13 @@ def test_catalogue_is_fresh():
 def test_catalogue_covers_every_benchmark_layer_and_layout():
     names = {(e.family, e.name) for e in catalogue.entries()}
     tma = {name for family, name in names if name.endswith("_tma") and family == "implicit_gemm"}
-    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma)
+    tensor = {name for family, name in names if name.endswith(("_bf16", "_tf32")) and family == "implicit_gemm"}
+    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma) + len(tensor)
+    assert len(tensor) == 16 * 2 and {"conv4_nhwc_bf16", "conv4_nhwc_tf32", "c3d_conv2_ndhwc_bf16"} <= tensor
+    assert all("_nhwc_" in name or "_ndhwc_" in name for name in tensor)   # channels-last only
+    specs = {e.name: e.spec for e in catalogue.entries() if e.family == "implicit_gemm"}
+    assert specs["conv4_nhwc_bf16"] == replace(specs["conv4_nhwc"], dtype="bfloat16")
+    assert specs["conv4_nhwc_tf32"] == replace(specs["conv4_nhwc"], math="tf32")
     assert {"conv8_nhwc_tma", "conv4_nhwc_tma", "c3d_conv2_ndhwc_tma"} <= tma and len(tma) == 12 + 7  # C a multiple of 4
     # gather_pays: the seven channels-first layers where the gathered kernel won on the H100 (GEMM v17)
     assert {f"{name}_nchw_tma" for name in ("conv5", "conv6", "conv8", "conv10")} <= tma
@@ -216,3 +225,146 @@ def test_large_selftest_samples_the_reference_but_checks_every_element_was_writt
     small_text = emit_source("implicit_gemm", small)
     assert "% 83" not in small_text and "compared with the reference" not in small_text
     assert "compares every output element with reference_at()" in small_text
+
+
+TENSOR_CORE_PRECISIONS = [("bfloat16", "fma"), ("float16", "fma"), ("float32", "tf32"), ("float32", "3xtf32")]
+POINTER_TYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half", "float32": "float"}
+HEADERS = {"bfloat16": "cuda_bf16.h", "float16": "cuda_fp16.h"}
+
+
+def _tensor_core_spec(layout: str, dtype: str, math_mode: str) -> ConvSpec:
+    """A small spec with padding, a stride, tails on every GEMM axis and element-wise loads (C = 5)."""
+    return ConvSpec(dims=2, layout=layout, n=2, c=5, k=12, input_size=(11, 13), filter_size=3, stride=(2, 1),
+                    padding=1, dtype=dtype, math=math_mode)
+
+
+def _constants(text: str) -> dict:
+    return {name: float(value) for name, value in re.findall(r"static const double convgen_(\w+) = ([^;]+);", text)}
+
+
+@pytest.mark.parametrize("dtype, math_mode", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_tensor_core_file_takes_its_element_type_and_states_its_precision(layout, dtype, math_mode):
+    """The launcher takes pointers of the dtype's C type (with its toolkit header), the header says the
+    precision, and the self-test holds outputs to precision.py's bound with precision.py's constants."""
+    spec = _tensor_core_spec(layout, dtype, math_mode)
+    text = emit_source("implicit_gemm", spec, launcher="conv", file_name="t.cu")
+    c_type = POINTER_TYPES[dtype]
+    assert c_type == DType(dtype).c_type
+    signature = f'extern "C" cudaError_t conv(const {c_type}* x, const {c_type}* w, {c_type}* y, cudaStream_t stream)'
+    assert signature in text
+    assert f"// Host API: conv(const {c_type}* x, const {c_type}* w, {c_type}* y, cudaStream_t stream)" in text
+    if dtype in HEADERS:
+        assert f"#include <cuda_runtime.h>\n#include <{HEADERS[dtype]}>\n" in text
+        assert f"C-contiguous {dtype} ({c_type} of {HEADERS[dtype]}) arrays" in text
+    else:
+        assert "cuda_bf16.h" not in text and "cuda_fp16.h" not in text and "C-contiguous float32 arrays" in text
+    precision_line = next(line for line in text.splitlines() if line.startswith("// Precision: "))
+    assert f"{dtype} x, w and y" in precision_line and "accumulated in FP32" in precision_line
+    assert "E + u_out (|y*| + E) + eta_out" in precision_line and "E = (e_mul + e_acc P L) S" in precision_line
+    roundoff = precision.unit_roundoff(spec.dtype, spec.math)
+    assert _constants(text) == {"e_mul": roundoff.product, "e_acc": roundoff.accumulation,
+                                "products_per_term": roundoff.products_per_term, "terms": 5 * 9,
+                                "u_out": roundoff.output, "eta_out": roundoff.output_absolute}
+    assert "1e-4f * (1.0f + std::fabs(want))" not in text and "convgen_bound(want, magnitude)" in text
+    assert "sizeof(float)" not in text if dtype != "float32" else "sizeof(__" not in text
+
+
+def test_float32_fma_files_keep_their_fixed_tolerance():
+    spec = _tensor_core_spec("NHWC", "float32", "fma")
+    text = emit_source("implicit_gemm", spec, launcher="conv")
+    assert "1e-4f * (1.0f + std::fabs(want))" in text
+    assert "// Precision:" not in text and "convgen_bound" not in text and "convgen_e_mul" not in text
+
+
+def test_error_model_constants_read_as_powers_of_two():
+    assert powers_of_two(2.0**-23) == "2^-23" and powers_of_two(0.0) == "0"
+    assert powers_of_two(2.0**-10 + 2.0**-22) == "2^-10 + 2^-22"
+    assert powers_of_two(0.1) == "0.1"
+
+
+@pytest.mark.parametrize("arch", ["sm_75"])
+def test_tensor_core_files_are_refused_before_sm_80(arch):
+    spec = _tensor_core_spec("NHWC", "bfloat16", "fma")
+    with pytest.raises(SpecError) as refused:
+        emit_source("implicit_gemm", spec, arch=arch)
+    assert refused.value.field == "arch" and "sm_80" in str(refused.value)
+    assert build_flags(emit_source("implicit_gemm", spec, arch="sm_80")) == ["-arch=sm_80"]
+
+
+@needs_nvcc
+def test_tensor_core_files_build_with_nvcc_without_warnings(tmp_path):
+    """Every dtype and math mode, both layout kinds (element-wise and 16-byte loads), and a 3D
+    channels-last spec; the self-test and the timer included, for sm_80 and sm_90."""
+    paths = []
+    for layout in ("NCHW", "NHWC"):
+        for dtype, math_mode in TENSOR_CORE_PRECISIONS:
+            spec = _tensor_core_spec(layout, dtype, math_mode)
+            paths.append(emit("implicit_gemm", spec, tmp_path / f"{layout}_{dtype}_{math_mode}.cu"))
+    wide = ConvSpec(dims=3, layout="NDHWC", n=2, c=16, k=24, input_size=(4, 6, 7), filter_size=(2, 3, 3),
+                    padding=1, dtype="bfloat16")
+    paths.append(emit("implicit_gemm", wide, tmp_path / "ndhwc_bf16_sm80.cu", arch="sm_80"))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(lambda p: _nvcc(p, tmp_path), paths))
+    failed = [(str(p), err) for p, rc, err in results if rc != 0 or err.strip()]
+    assert not failed, failed[0]
+
+
+DRIVER = """#define main convgen_selftest_main
+#include "{name}"
+#undef main
+#include <cstdio>
+// Prints reference_at() and convgen_bound() of every output for the inputs in x.bin and w.bin (float32
+// values of the stored inputs): the self-test's oracle, run on the host without a GPU.
+int main()
+{{
+    std::vector<float> x({x}), w({w});
+    std::FILE* file = std::fopen("x.bin", "rb");
+    if (std::fread(x.data(), sizeof(float), x.size(), file) != x.size()) return 1;
+    std::fclose(file);
+    file = std::fopen("w.bin", "rb");
+    if (std::fread(w.data(), sizeof(float), w.size(), file) != w.size()) return 1;
+    std::fclose(file);
+    for (long long e = 0; e < {y}LL; ++e) {{
+        double magnitude = 0.0;
+        const double want = reference_at(x.data(), w.data(), e, &magnitude);
+        std::printf("%.17g %.17g\\n", want, convgen_bound(want, magnitude));
+    }}
+    return 0;
+}}
+"""
+
+
+def _oracle(tmp_path, dtype, math_mode):
+    spec = _tensor_core_spec("NCHW" if dtype == "float32" else "NHWC", dtype, math_mode)
+    folder = tmp_path / f"{dtype}_{math_mode}"
+    folder.mkdir()
+    path = emit("implicit_gemm", spec, folder / "kernel.cu")
+    x, w = get_family("implicit_gemm", spec).make_inputs(spec, np.random.default_rng(7))
+    for name, stored in (("x", x), ("w", w)):
+        precision.from_storage(stored, spec.dtype).astype(np.float32).tofile(folder / f"{name}.bin")
+    (folder / "driver.cu").write_text(DRIVER.format(name=path.name, x=x.size, w=w.size,
+                                                    y=plan("implicit_gemm", spec).output.elements))
+    built = subprocess.run([NVCC, *build_flags(path.read_text()), "-DCONVGEN_SELFTEST", "driver.cu", "-o", "driver"],
+                           cwd=folder, capture_output=True, text=True)
+    if built.returncode:
+        return spec, x, w, None, built.stderr
+    run = subprocess.run(["./driver"], cwd=folder, capture_output=True, text=True)
+    return spec, x, w, run.stdout, run.stderr
+
+
+@needs_nvcc
+def test_selftest_oracle_and_bound_are_precision_py_s(tmp_path):
+    """The emitted self-test's host reference and bound, built with nvcc and run on the host, give
+    precision.py's exact sums and error_bound for the same stored inputs: one error model."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda mode: _oracle(tmp_path, *mode), TENSOR_CORE_PRECISIONS))
+    for spec, x, w, out, err in results:
+        assert out is not None, err
+        printed = np.array([[float(v) for v in line.split()] for line in out.splitlines()])
+        x64, w64 = precision.from_storage(x, spec.dtype), precision.from_storage(w, spec.dtype)
+        exact = convolution_reference(spec, x64, w64).ravel()
+        bound = precision.error_bound(spec, x, w).ravel()
+        np.testing.assert_allclose(printed[:, 0], exact, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(printed[:, 1], bound, rtol=1e-12, atol=0)
+        assert (bound > 0).all()
