@@ -19,6 +19,8 @@ examples:
   convgen emit im2col --layout NHWC --c 3 --dpitch 4 -o im2col_nhwc.cu
   convgen compile col2im --tile algorithm=scatter --arch sm_90
   convgen run im2col --dims 3 --layout NDHWC --input 8 16 16 --filter 3 3 3 --stride 2
+  convgen run implicit_gemm --layout NHWC --c 64 --k 64 --input 56 56 --padding 1 --dtype bf16
+                                                    tensor cores: bfloat16 in and out, FP32 sums
   convgen fuzz col2im --examples 300
   convgen fuzz implicit_gemm --tile tma=true --layout NHWC --examples 50
   convgen bench im2col --layouts NCHW NHWC --out bench-out
@@ -183,7 +185,7 @@ def _report_compile(kernel) -> None:
     timing = f" ({compiled.compile_seconds * 1e3:.0f} ms)" if compiled.source_hit == "miss" else ""
     print(f"cache    {compiled.source_hit}{timing}")
     print(f"cubin    {len(compiled.cubin)} bytes")
-    workspaces = ", ".join(f"{b.name} {format_bytes(b.elements * 4)}" for b in kernel.plan.workspaces)
+    workspaces = ", ".join(f"{b.name} {format_bytes(b.elements * b.dtype.itemsize)}" for b in kernel.plan.workspaces)
     print(f"memory   workspace {format_bytes(kernel.plan.workspace_bytes)}{f' ({workspaces})' if workspaces else ''}")
     dynamic = {launch.kernel: launch.shared_bytes for launch in kernel.plan.launches}
     for name, res in compiled.resources.items():
@@ -211,20 +213,32 @@ def _require_gpu(what: str) -> None:
 
 
 def cmd_run(args) -> int:
+    from codegen.families import get_family
+
+    spec = spec_from_args(args)
+    get_family(args.family, spec).check_precision(spec)   # a spec no kernel of the family takes, before the GPU
     _require_gpu("convgen run")
     from codegen.api import build
     from codegen.bench.timing import time_kernel
-    from codegen.fuzz import compare, run_on_gpu
+    from codegen.fuzz import check_on_gpu
 
-    spec = spec_from_args(args)
     kernel = build(args.family, spec, tiles_from_args(args), workspace_limit=workspace_limit_from_args(args))
     _report_compile(kernel)
-    result, expected = run_on_gpu(args.family, spec, kernel=kernel)
-    mismatch = compare(result, expected)
-    print(f"check    {'PASS' if mismatch is None else 'FAIL: ' + str(mismatch)} (vs float64 numpy reference, NaN-poisoned output)")
+    mismatch = check_on_gpu(args.family, spec, kernel=kernel)
+    print(f"check    {'PASS' if mismatch is None else 'FAIL: ' + str(mismatch)} ({check_words(spec)})")
     median = time_kernel(kernel)
     print(f"time     {median * 1e3:.4f} ms median, {rate(kernel.plan, median)}")
     return 0 if mismatch is None else 1
+
+
+def check_words(spec: ConvSpec) -> str:
+    """How ``fuzz.check_result`` judged a run of ``spec``, for the check line."""
+    from codegen.spec import uses_tensor_cores
+
+    if uses_tensor_cores(spec.dtype, spec.math):
+        return (f"each output within the {spec.dtype.value}{'' if spec.math.value == 'fma' else ' ' + spec.math.value} "
+                "error bound of the float64 reference of the stored inputs, NaN-poisoned output")
+    return "vs float64 numpy reference, NaN-poisoned output"
 
 
 def rate(kernel_plan, seconds: float) -> str:
@@ -247,13 +261,13 @@ def cmd_fuzz(args) -> int:
                    "(e.g. --layout NHWC --c 64 --stride 1), or check one spec with 'convgen run --spec FILE'")
     if args.examples < 1:
         raise SpecError("--examples", args.examples, "must be at least 1 (the specs to check)")
-    family = get_family(args.family)
+    get_family(args.family)
+    pinned = given_fields(args)
+    family = get_family(args.family, check_pins(pinned, args.family))   # the pinned dtype and math pick the kernel
     on_gpu = has_gpu()
     tiles = tiles_from_args(args)
     if tiles:
         family.tiles_type.from_dict({**family.tiles_type().to_dict(), **tiles})   # names and values, before drawing
-    pinned = given_fields(args)
-    check_pins(pinned, args.family)
     what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
     kept = ", ".join(f"{k}={v}" for k, v in pinned.items()) or "none"
     chosen = " (tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items()) + ")" if tiles else ""
@@ -302,16 +316,22 @@ def cmd_bench(args) -> int:
         return 0
     if args.family == "conv":
         from codegen.bench import conv
+        from codegen.bench.layers import layer_spec
 
         layers = select_layers(benchmark_layers(conv.LAYER_GROUPS, args.shapes), args.layers)
+        precision = ConvSpec.from_dict({**layer_spec(layers[0], "NCDHW" if "D" in layers[0] else "NCHW", 1).to_dict(),
+                                        "dtype": args.dtype, "math": args.math})     # refuse a bad --dtype/--math now
         _require_gpu("convgen bench")
         layouts = tuple(args.layouts or ("NCHW", "NCDHW"))
         name = "-".join(["conv"] + ([Path(args.shapes).stem] if args.shapes else [])
                         + ([l.lower() for l in layouts] if layouts != ("NCHW", "NCDHW") else []))
+        if (precision.dtype.value, precision.math.value) != ("float32", "fma"):
+            name += f"-{precision.math.value if precision.math.value != 'fma' else precision.dtype.short_name}"
         results = conv.bench_conv(out_dir=Path(args.out), repeats=args.repeats, layouts=layouts, layers=layers,
                                   families=tuple(args.families or CONV_FAMILIES),
                                   ablation=not args.no_ablation, tuned=args.tuned, name=name,
-                                  source=Path(args.shapes).name if args.shapes else "shapes.json")
+                                  source=Path(args.shapes).name if args.shapes else "shapes.json",
+                                  dtype=precision.dtype.value, math_mode=precision.math.value)
         print(conv.format_table(results))
         return 0
     from codegen.bench import memory
@@ -365,6 +385,9 @@ def cmd_tune(args) -> int:
         raise Fail("tune searches the tiles itself; drop --tile")
     limit = workspace_limit_from_args(args)
     spec = tune_spec(args)
+    from codegen.families import get_family
+
+    get_family(args.family, spec).check_precision(spec)   # a dtype or math mode it has no kernel for, before the GPU
     _require_gpu("convgen tune")
     result = tune.tune(args.family, spec, budget=args.budget, max_configs=args.max_configs, seed=args.seed, db=db,
                        workspace_limit=limit)
@@ -409,6 +432,10 @@ def cmd_cache(args) -> int:
     return 0
 
 
+TENSOR_CORE_SPEC = ConvSpec(dims=2, layout="NHWC", n=1, c=1, k=1, input_size=1, filter_size=1, dtype="bfloat16")
+"""A spec whose dtype sends a family to its tensor-core kernel, if it has one (``Family.for_spec``)."""
+
+
 def cmd_families(args) -> int:
     from codegen.families import FAMILIES
 
@@ -416,6 +443,12 @@ def cmd_families(args) -> int:
         print(f"{family.name}: {family.summary}")
         for param in family.tiles_type.PARAMS:
             print(f"  --tile {param.name}=...  {param.doc}; {param.allowed()}")
+        tensor_cores = family.for_spec(TENSOR_CORE_SPEC)
+        if tensor_cores is not family:
+            print(f"  with --dtype float16 or bfloat16, or --math tf32 or 3xtf32: {tensor_cores.summary}; its tiles "
+                  "instead of the above:")
+            for param in tensor_cores.tiles_type.PARAMS:
+                print(f"    --tile {param.name}=...  {param.doc}; {param.allowed()}")
     return 0
 
 
@@ -484,9 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "smallest as a command", cmd_fuzz, builds=False)
     fuzz_cmd.description = textwrap.fill(
         "Search random small specs for one where the kernel is wrong and shrink it to the smallest (Hypothesis). "
-        "With a GPU each spec's kernel runs on NaN-poisoned outputs against the float64 reference; without one "
-        "the family plans and renders each spec and its index algebra is checked against the reference (the TMA "
-        "implicit GEMM's tensor maps included). Spec flags given here are kept in every spec and the other fields "
+        "With a GPU each spec's kernel runs on NaN-poisoned outputs against the float64 reference (tensor-core "
+        "specs, --dtype float16/bfloat16 or --math tf32/3xtf32, each output within the error bound of "
+        "codegen.precision); without one the family plans and renders each spec and its index algebra is checked "
+        "against the reference (the TMA implicit GEMM's tensor maps included; the tensor-core kernel's address terms "
+        "are the FMA kernel's). Spec flags given here are kept in every spec and the other fields "
         "vary (--layout NHWC --stride 1 searches channels-last, stride-1 specs; their defaults do not apply); "
         "specs the kernel refuses for its tiles are counted apart, with their reasons, and do not count as "
         "examples.", 100)
@@ -497,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="benchmark a family on the layers of shapes.json against its peers (GPU)",
         epilog="examples:\n  convgen bench conv --layers conv4 conv8 c3d_conv2\n"
         "  convgen bench conv --layouts NHWC NDHWC --no-ablation\n"
+        "  convgen bench conv --layouts NHWC NDHWC --layers conv8 c3d_conv2 --dtype bf16   (tensor cores vs cuDNN bf16)\n"
         "  convgen bench conv --shapes my_net.json --families implicit_gemm --no-ablation\n"
         "      (your layers, in the form of codegen/shapes.json: {\"layers\": [{\"name\": \"res2a\", \"N\": 32, "
         "\"C\": 64, \"H\": 56,\n       \"W\": 56, \"K\": 64, \"R\": 3, \"S\": 3, \"padding\": 1}]}; "
@@ -530,6 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "takes that median in 3 rounds that time cuDNN and every kernel in turn, and reports "
                            "the median round")
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
+    bench_cmd.add_argument("--dtype", default="float32", help="conv: element type of every layer, float32 (default), "
+                           "float16/fp16 or bfloat16/bf16: the tensor-core implicit GEMM against cuDNN at the same "
+                           "precision")
+    bench_cmd.add_argument("--math", default="fma", help="conv, float32: fma (default), tf32 (against cuDNN TF32) or "
+                           "3xtf32 (against cuDNN FP32, beside our FMA kernel)")
     bench_cmd.set_defaults(func=cmd_bench)
 
     tune_cmd = sub.add_parser(
@@ -541,6 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rejects is a convgen bug: the search goes on without it, names it after the table and exits with "
         "status 1 (the winner is still recorded).",
         epilog="examples:\n  convgen tune implicit_gemm --layer conv8 --budget 60\n"
+        "  convgen tune implicit_gemm --layer conv8 --layout NHWC --dtype bf16   (the tensor-core kernel's tiles; "
+        "the record serves bfloat16 builds only)\n"
         "  convgen tune im2win --layout NHWC --n 32 --c 64 --k 64 --input 56 56\n  convgen tune --show\n"
         "  convgen tune --export tuned.json   (then on another machine: convgen tune --import tuned.json)\n"
         "  convgen tune --refresh   (after a template change: re-time the retired entries, seconds each)\n"

@@ -14,8 +14,9 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from codegen import precision
 from codegen.index import IndexAlgebra
-from codegen.spec import ConvSpec, Layout, SpecError
+from codegen.spec import ConvSpec, DType, Layout, SpecError, uses_tensor_cores
 
 
 PINNABLE = ("dims", "layout", "n", "c", "k", "input_size", "filter_size", "stride", "padding", "dilation", "dpitch",
@@ -76,11 +77,11 @@ def specs(draw, dims: int | None = None, layouts: tuple[Layout, ...] | None = No
     return spec
 
 
-def check_pins(pinned: dict, family: str | None = None) -> None:
+def check_pins(pinned: dict, family: str | None = None) -> ConvSpec:
     """Refuse pins no spec can hold, naming the field, before a search that could never start:
     an unknown field, one ConvSpec refuses with the other fields at their mildest (unit filter,
     stride and dilation, no padding, a large input), or a dtype or math mode ``family`` has no
-    kernel for."""
+    kernel for.  Returns that mildest spec (its dtype and math pick the kernel, ``get_family``)."""
     unknown = sorted(set(pinned) - set(PINNABLE))
     if unknown:
         raise SpecError(unknown[0], pinned[unknown[0]], f"cannot be pinned; pinnable fields: {', '.join(PINNABLE)}")
@@ -92,7 +93,8 @@ def check_pins(pinned: dict, family: str | None = None) -> None:
     if family is not None:
         from codegen.families import get_family
 
-        get_family(family).check_precision(spec)
+        get_family(family, spec).check_precision(spec)
+    return spec
 
 
 def pin_dims(pinned: dict) -> int | None:
@@ -187,20 +189,67 @@ def compare(result: np.ndarray, expected: np.ndarray, rtol: float = 1e-5, atol: 
     return None
 
 
-def run_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0, kernel=None) -> tuple[np.ndarray, np.ndarray]:
-    """Run the kernel on random inputs with a NaN-poisoned output; return (result, float64 reference)."""
+def within_error_bound(result: np.ndarray, expected: np.ndarray, bound: np.ndarray) -> Mismatch | None:
+    """``compare`` for the tensor-core kernels: None when every element of ``result`` lies within
+    its ``bound`` (``precision.error_bound``) of the float64 ``expected``; NaN never does."""
+    result = np.asarray(result, dtype=np.float64)
+    if result.shape != expected.shape:
+        return Mismatch(f"shape {result.shape}, expected {expected.shape}")
+    unwritten = int(np.isnan(result).sum())
+    if unwritten:
+        first = np.unravel_index(int(np.argmax(np.isnan(result))), result.shape)
+        return Mismatch(f"{unwritten} element(s) never written (NaN), first at {tuple(map(int, first))}")
+    error = np.abs(result - expected)
+    excess = error - bound
+    if (excess > 0).any():
+        where = np.unravel_index(int(np.argmax(excess / np.maximum(bound, np.finfo(np.float64).tiny))), error.shape)
+        return Mismatch(f"{int((excess > 0).sum())} element(s) outside the error bound, worst at "
+                        f"{tuple(map(int, where))}: got {result[where]!r}, expected {expected[where]!r}, "
+                        f"bound {bound[where]!r}", float(error.max()))
+    return None
+
+
+def check_result(spec: ConvSpec, result: np.ndarray, expected: np.ndarray, inputs) -> Mismatch | None:
+    """A kernel's ``result`` (decoded to float values) against the float64 ``expected`` of the
+    stored ``inputs``: elementwise within ``precision.error_bound`` for the tensor-core kernels
+    (16-bit types, tf32, 3xtf32), ``compare``'s fixed tolerance for FP32 on the FMA pipe."""
+    if uses_tensor_cores(spec.dtype, spec.math):
+        return within_error_bound(result, expected, precision.error_bound(spec, *inputs[:2]))
+    return compare(result, expected)
+
+
+NAN = {DType.float32: np.float32(np.nan), DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0)}
+"""NaN as a buffer of each dtype stores it (bfloat16: a quiet NaN's uint16 bits), to poison outputs with."""
+
+
+def launch_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0,
+                  kernel=None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Run the kernel on the family's random inputs (``make_inputs``: stored as the kernel takes
+    them, bfloat16 as uint16 bits) with its output poisoned with NaN in the output's own type;
+    return (result, float64 reference, inputs), a 16-bit result decoded to float64."""
     import cupy
 
-    from codegen.api import build
+    from codegen.api import array_dtype, build
     from codegen.families import get_family
 
-    fam = get_family(family)
+    fam = get_family(family, spec)
     kernel = kernel or build(family, spec, tiles)
     inputs = fam.make_inputs(spec, np.random.default_rng(seed))
     device_inputs = [cupy.asarray(x) for x in inputs]
-    out = cupy.full(kernel.plan.output.shape, cupy.nan, dtype=cupy.float32)
+    output = kernel.plan.output
+    out = cupy.full(output.shape, NAN[output.dtype], dtype=array_dtype(output.dtype))
     kernel(*device_inputs, out=out)
-    return cupy.asnumpy(out), fam.reference(spec, *inputs)
+    result = cupy.asnumpy(out)
+    if output.dtype is not DType.float32:
+        result = precision.from_storage(result, output.dtype)
+    return result, fam.reference(spec, *inputs), inputs
+
+
+def run_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0, kernel=None) -> tuple[np.ndarray, np.ndarray]:
+    """Run the kernel on random inputs with a NaN-poisoned output; return (result, float64
+    reference), a 16-bit result decoded to float64 (``launch_on_gpu``)."""
+    result, expected, _ = launch_on_gpu(family, spec, tiles, seed, kernel)
+    return result, expected
 
 
 def cancellation(family: str, spec: ConvSpec, seed: int = 0) -> float:
@@ -210,23 +259,27 @@ def cancellation(family: str, spec: ConvSpec, seed: int = 0) -> float:
     (where this is about 0.7) scales by it on a few outputs that nearly cancel."""
     from codegen.families import get_family
 
-    fam = get_family(family)
-    x, w = fam.make_inputs(spec, np.random.default_rng(seed))
+    fam = get_family(family, spec)
+    x, w = (precision.from_storage(a, spec.dtype) for a in fam.make_inputs(spec, np.random.default_rng(seed)))
     magnitude = float(np.linalg.norm(fam.reference(spec, np.abs(x), np.abs(w))))
     scale = float(np.linalg.norm(fam.reference(spec, x, w))) or 1.0
     return magnitude / (math.sqrt(spec.c * math.prod(spec.filter_size)) * scale)
 
 
-def check_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mismatch | None:
-    result, expected = run_on_gpu(family, spec, tiles, seed)
-    return compare(result, expected)
+def check_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0, kernel=None) -> Mismatch | None:
+    """Run the kernel (``launch_on_gpu``) and check it as ``check_result`` does."""
+    result, expected, inputs = launch_on_gpu(family, spec, tiles, seed, kernel)
+    return check_result(spec, result, expected, inputs)
 
 
 def check_on_cpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mismatch | None:
     """What a run without a GPU checks of one spec: the family plans it with ``tiles`` (a SpecError
     is a refusal, not a failure), the plan renders, and the plan's index algebra gives the
     reference's numbers: the TMA implicit GEMM's through ``maps.tma_gemm_by_terms`` (tensor maps,
-    producer coordinates, transposed filter), every other kernel's through its sympy index maps."""
+    producer coordinates, transposed filter), every other kernel's through its sympy index maps.
+    implicit_gemm's tensor-core kernel prints the same address terms as its FMA kernel
+    (``terms.gemm.gemm_terms``: row coordinates, per-pixel base and origins, per-column delta,
+    output offsets), so its specs go through those maps, on the stored inputs decoded to float64."""
     from codegen.api import plan
     from codegen.families import get_family
     from codegen.maps import tma_gemm_by_terms
@@ -234,8 +287,8 @@ def check_on_cpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mism
 
     kernel_plan = plan(family, spec, tiles)
     render_kernels(kernel_plan)
-    if family == "implicit_gemm" and kernel_plan.tiles.tma:
-        fam = get_family(family)
+    if family == "implicit_gemm" and getattr(kernel_plan.tiles, "tma", False):
+        fam = get_family(family, spec)
         x, w = fam.make_inputs(spec, np.random.default_rng(seed))
         return compare(tma_gemm_by_terms(spec, kernel_plan.tiles, x, w), fam.reference(spec, x, w))
     return check_index_maps(family, spec, seed)
@@ -247,8 +300,10 @@ def check_index_maps(family: str, spec: ConvSpec, seed: int = 0) -> Mismatch | N
     from codegen.families import get_family
     from codegen.maps import evaluate
 
-    fam = get_family(family)
+    fam = get_family(family, spec)
     inputs = fam.make_inputs(spec, np.random.default_rng(seed))
+    if spec.dtype is not DType.float32:
+        inputs = [precision.from_storage(a, spec.dtype) for a in inputs]
     return compare(evaluate(family, spec, *inputs), fam.reference(spec, *inputs))
 
 
@@ -263,6 +318,9 @@ def spec_command(family: str, spec: ConvSpec, tiles=None) -> str:
              "--dilation " + " ".join(map(str, spec.dilation))]
     if spec.dpitch is not None:
         parts.append(f"--dpitch {spec.dpitch}")
+    parts.append(f"--dtype {spec.dtype.value}")
+    if spec.math.value != "fma":
+        parts.append(f"--math {spec.math.value}")
     if tiles:
         parts.extend(f"--tile {k}={v}" for k, v in (tiles.to_dict() if hasattr(tiles, "to_dict") else tiles).items())
     return " ".join(parts)

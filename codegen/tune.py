@@ -20,6 +20,14 @@ Strategy (the space is hundreds to thousands of configurations; a budget allows 
 Timing: CUDA events, warm-up, median of repeats, inputs rotated through enough copies to defeat
 the 50 MB L2 so that caches do not flatter small layers.
 
+Precision: a spec's dtype and math pick the kernel (``get_family(family, spec)``: implicit_gemm's
+tensor-core kernel for float16, bfloat16, tf32 and 3xtf32, with its own tiles and space), the
+inputs are the family's (``make_inputs``, stored as the kernel takes them: bfloat16 as uint16 bits)
+and so is the output buffer.  FP32 candidates must match the float64 reference to ``TOLERANCE`` in
+norm; tensor-core candidates must put every output within ``precision.error_bound`` of it.  A
+record is keyed by the spec, dtype and math included, so a bfloat16 record never serves a float32
+build.
+
 A record is only as good as the code it timed: each carries a fingerprint of the kernel code its
 tiles rendered to (``kernel_fingerprint``), and a record whose code has changed since (a template
 edit, or a record without one) is not used; ``build`` warns once and takes the heuristic, as
@@ -44,8 +52,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from codegen import tuning_db
-from codegen.spec import ConvSpec, SpecError
+from codegen import precision, tuning_db
+from codegen.spec import ConvSpec, DType, SpecError, uses_tensor_cores
 from codegen.tuning_db import TuningDB, is_current, kernel_fingerprint
 from codegen.version import __version__
 
@@ -144,9 +152,19 @@ def search(space: list[dict], first: dict, evaluate: Callable[[list[dict]], list
 
 
 # -- GPU measurement ---------------------------------------------------------------------------
-def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
+def decoded(array, dtype: DType) -> Any:
+    """A device array of stored ``dtype`` values (bfloat16 as uint16 bits) as float64."""
+    import cupy
+
+    if dtype is DType.bfloat16 and array.dtype == cupy.uint16:
+        array = (array.astype(cupy.uint32) << 16).view(cupy.float32)
+    return array.astype(cupy.float64)
+
+
+def reference_output(family: str, spec: ConvSpec, inputs: list, absolute: bool = False) -> Any:
     """An independent reference on the device: PyTorch's float64 convolution when available,
-    else the float64 numpy reference (small specs only)."""
+    else the float64 numpy reference (small specs only); of the stored inputs decoded to float64,
+    or with ``absolute`` of their magnitudes (what ``error_bound_of`` takes)."""
     import cupy
 
     from codegen.families import get_family
@@ -156,8 +174,12 @@ def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
         import torch.nn.functional as F
     except ImportError:
         host = [cupy.asnumpy(a) for a in inputs]
+        if absolute:
+            host = [np.abs(precision.from_storage(a, spec.dtype)) for a in host]
         return cupy.asarray(get_family(family, spec).reference(spec, *host))
-    x, w = (torch.from_dlpack(a).double() for a in inputs[:2])
+    x, w = (torch.from_dlpack(decoded(a, spec.dtype)) for a in inputs[:2])
+    if absolute:
+        x, w = x.abs(), w.abs()
     if spec.layout.channels_last:
         x = x[..., : spec.c]
         last = (0, spec.dims + 1, *range(1, spec.dims + 1))
@@ -167,6 +189,45 @@ def reference_output(family: str, spec: ConvSpec, inputs: list) -> Any:
     if spec.layout.channels_last:
         y = y.permute(0, *range(2, 2 + spec.dims), 1)
     return cupy.from_dlpack(y.contiguous())
+
+
+def error_bound_of(spec: ConvSpec, exact, magnitude):
+    """``precision.error_bound`` from the two convolutions it is made of, computed elsewhere (on the
+    device): ``exact`` of the stored inputs and ``magnitude`` of their absolute values, float64,
+    numpy or CuPy alike."""
+    roundoff = precision.unit_roundoff(spec.dtype, spec.math)
+    terms = spec.c * math.prod(spec.filter_size)
+    accumulated = (roundoff.product + roundoff.accumulation * roundoff.products_per_term * terms) * magnitude
+    return accumulated + roundoff.output * (abs(exact) + accumulated) + roundoff.output_absolute
+
+
+def output_check(family: str, spec: ConvSpec, inputs: list, expected) -> Callable[[Any], str | None]:
+    """The reference check of a candidate's output on ``inputs`` (device arrays, as stored), whose
+    reference is ``expected`` (``reference_output``): None where it passes, else why not.  FP32 on
+    the FMA pipe: relative error in norm under ``TOLERANCE``; tensor cores: every output within
+    ``precision.error_bound`` (NaN never is)."""
+    import cupy
+
+    if not uses_tensor_cores(spec.dtype, spec.math):
+        scale = float(cupy.linalg.norm(expected)) or 1.0
+
+        def relative(out) -> str | None:
+            error = float(cupy.linalg.norm(out - expected)) / scale
+            return None if error < TOLERANCE else f"relative error {error:.2e} vs reference"
+        return relative
+    bound = error_bound_of(spec, expected, reference_output(family, spec, inputs, absolute=True))
+    precision_name = spec.math.value if spec.dtype is DType.float32 else spec.dtype.value
+
+    def bounded(out) -> str | None:
+        got = decoded(out, spec.dtype)
+        unwritten = int(cupy.count_nonzero(cupy.isnan(got)))
+        if unwritten:
+            return f"{unwritten} output(s) never written (NaN)"
+        excess = cupy.abs(got - expected) - bound
+        outside = int(cupy.count_nonzero(excess > 0))
+        return None if not outside else (f"{outside} output(s) outside the {precision_name} error bound of the "
+                                         f"reference, up to {float(excess.max()):.2e} over")
+    return bounded
 
 
 def compile_candidate(family: str, spec: ConvSpec, tiles: dict, arch: str):
@@ -192,9 +253,11 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     """A batch evaluator: compile in parallel, prune on ptxas's report, check, then time."""
     import cupy
 
+    from codegen.api import array_dtype
     from codegen.bench.timing import median_seconds
     from codegen.compile import resolve_arch
     from codegen.families import get_family
+    from codegen.fuzz import NAN
 
     fam = get_family(family, spec)
     host_inputs = fam.make_inputs(spec, np.random.default_rng(7))
@@ -202,8 +265,8 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     copies = max(2, min(8, math.ceil(2 * L2_BYTES / max(1, input_bytes))))
     sets = [[cupy.asarray(a) for a in host_inputs] for _ in range(copies)]
     expected = reference_output(family, spec, sets[0])
-    scale = float(cupy.linalg.norm(expected)) or 1.0
-    out = cupy.empty(expected.shape, dtype=cupy.float32)
+    check = output_check(family, spec, sets[0], expected)
+    out = cupy.empty(expected.shape, dtype=array_dtype(spec.dtype))
     pool = ThreadPoolExecutor(max_workers=workers)
     arch = resolve_arch(None)
 
@@ -213,11 +276,11 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
             if isinstance(prepared, Trial):
                 trials.append(prepared)
                 continue
-            out.fill(float("nan"))
+            out.fill(NAN[spec.dtype])
             prepared.launch(sets[0], out)
-            error = float(cupy.linalg.norm(out - expected)) / scale
-            if not error < TOLERANCE:
-                trials.append(Trial(tiles, status="wrong", detail=f"relative error {error:.2e} vs reference"))
+            wrong = check(out)
+            if wrong:
+                trials.append(Trial(tiles, status="wrong", detail=wrong))
                 continue
             turn = [0]
 

@@ -42,9 +42,11 @@ def default_db_path() -> Path:
 
 def entry_key(family: str, spec: ConvSpec, device: tuple[str, str], version: str = __version__,
               workspace_limit: int | None = None) -> str:
-    """Family, spec (which is tile-free), GPU name, compute capability and generator version, and
-    the workspace limit the search was held to, if any: a record tuned under a limit serves builds
-    under that limit only, since without it a faster configuration may need more memory."""
+    """Family, spec (which is tile-free; its description names dtype and math, so a bfloat16 or tf32
+    record never serves a float32 build of the same shape), GPU name, compute capability and
+    generator version, and the workspace limit the search was held to, if any: a record tuned under
+    a limit serves builds under that limit only, since without it a faster configuration may need
+    more memory."""
     parts = [family, spec.describe(), device[0], device[1], version]
     if workspace_limit is not None:
         parts.append(f"workspace <= {workspace_limit} B")

@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from codegen.cli import main
@@ -113,6 +114,98 @@ def _record_checked(monkeypatch) -> list:
     seen = []
     monkeypatch.setattr(fuzz, "check_index_maps", lambda family, spec, seed=0: seen.append(spec))
     return seen
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "bf16"], ["--math", "3xtf32"], ["--dtype", "fp16", "--layout", "NCDHW"]])
+def test_fuzz_on_the_cpu_checks_tensor_core_specs_and_reports_as_for_float32(flags, monkeypatch, capsys):
+    """Without a GPU a tensor-core spec is planned (its own tiles' checks refuse some draws), rendered,
+    and its address terms, which the FMA kernel's index maps share, give the float64 reference's
+    numbers on the stored inputs decoded from their 16-bit storage."""
+    from codegen import fuzz
+    from codegen.api import has_gpu
+
+    if has_gpu():
+        pytest.skip("a GPU is present: fuzz checks kernels")
+    honest, seen = fuzz.check_index_maps, []
+
+    def recorded(family, spec, seed=0):
+        seen.append(spec)
+        return honest(family, spec, seed)
+
+    monkeypatch.setattr(fuzz, "check_index_maps", recorded)
+    assert main(["fuzz", "implicit_gemm", *flags, "--examples", "4", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "index maps on the CPU" in out and "no failing spec in 4 checked; seed 2" in out
+    assert len(seen) == 4 and all(fuzz.uses_tensor_cores(s.dtype, s.math) for s in seen)
+
+
+def test_the_cpu_check_of_a_tensor_core_spec_sees_a_wrong_address_term(monkeypatch):
+    """bfloat16 bits decoded, the index maps agree with the reference; a term that drops the last
+    output channel from K = 3 on is found and shrunk to K = 3, as for float32."""
+    from codegen import fuzz, maps
+    from codegen.spec import DType
+
+    honest = maps.gemm_by_maps
+
+    def planted(alg, x, w, source):
+        assert x.dtype == np.float64 and np.abs(x).max() <= 1.0      # decoded values, not uint16 bits
+        y = honest(alg, x, w, source)
+        if alg.spec.k >= 3:
+            y[..., -1] += 1.0
+        return y
+
+    monkeypatch.setattr(maps, "gemm_by_maps", planted)
+    report = fuzz.fuzz("implicit_gemm", 30, on_gpu=False, seed=6, pinned={"layout": "NHWC", "dtype": "bfloat16"})
+    spec, mismatch = report.failure
+    assert spec.k == 3 and spec.dtype is DType.bfloat16 and "wrong value" in str(mismatch)
+
+
+@pytest.mark.parametrize("changes", [{"dtype": "bfloat16"}, {"dtype": "float16"}, {"math": "tf32"},
+                                     {"math": "3xtf32"}, {}])
+def test_spec_command_carries_dtype_and_math_and_reads_back_as_the_spec(changes):
+    from codegen import fuzz
+    from codegen.cli import build_parser, spec_from_args
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=1, c=5, k=3, input_size=(6, 7), filter_size=3, padding=1, dpitch=8,
+                    **changes)
+    command = fuzz.spec_command("implicit_gemm", spec, {"block_k": 16})
+    assert f"--dtype {spec.dtype.value}" in command
+    assert (f"--math {spec.math.value}" in command) == ("math" in changes)
+    assert spec_from_args(build_parser().parse_args(command.split()[1:])) == spec
+
+
+def test_within_error_bound_passes_the_reference_and_names_what_is_outside():
+    from codegen import fuzz, precision
+    from codegen.spec import DType
+
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=4, k=3, input_size=(5, 5), filter_size=3, dtype="bfloat16")
+    from codegen.families import get_family
+
+    family = get_family("implicit_gemm", spec)
+    x, w = family.make_inputs(spec, np.random.default_rng(0))
+    assert x.dtype == np.uint16
+    expected = family.reference(spec, x, w)
+    rounded = precision.from_storage(precision.to_storage(expected, DType.bfloat16), DType.bfloat16)
+    assert fuzz.check_result(spec, rounded, expected, [x, w]) is None      # one rounding to bfloat16 is inside
+    wrong = rounded.copy()
+    wrong[0, 1, 2, 1] += 1.0
+    found = str(fuzz.check_result(spec, wrong, expected, [x, w]))
+    assert "1 element(s) outside the error bound, worst at (0, 1, 2, 1)" in found
+    wrong[0, 0, 0, 0] = np.nan
+    assert "never written (NaN), first at (0, 0, 0, 0)" in str(fuzz.check_result(spec, wrong, expected, [x, w]))
+    fp32 = ConvSpec(dims=2, layout="NCHW", n=1, c=4, k=3, input_size=(5, 5), filter_size=3)
+    assert "wrong value" in str(fuzz.check_result(fp32, expected + 1e-3, expected, []))   # FMA: compare's tolerance
+    assert precision.from_storage(np.array([fuzz.NAN[DType.bfloat16]]), DType.bfloat16)[0] != 0
+    assert all(np.isnan(precision.from_storage(np.array([fuzz.NAN[d]]), d)[0]) for d in DType)
+
+
+def test_generate_and_compile_take_dtype_and_math(cache_dir, capsys):
+    assert main(["generate", "implicit_gemm", "--layout", "NCHW", "--c", "8", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "implicit_gemm / mma" in out and "bfloat16" in out and "__nv_bfloat16" in out
+    assert main(["compile", "implicit_gemm", "--c", "16", "--k", "32", "--math", "tf32", "--arch", "sm_80"]) == 0
+    out = capsys.readouterr().out
+    assert "implicit_gemm / mma" in out and "float32 math=tf32" in out and "spills 0/0 B" in out
 
 
 def test_fuzz_keeps_the_spec_flags_given_and_varies_the_rest(monkeypatch, capsys):
@@ -242,8 +335,9 @@ def test_demo_without_gpu_generates_compiles_and_emits(tmp_path, cache_dir):
 
     result = run("demo", "--out", str(tmp_path), env={**__import__("os").environ, "CONVGEN_CACHE_DIR": str(cache_dir)})
     assert result.returncode == 0, result.stderr
-    assert len(list(tmp_path.glob("*.cu"))) == 13          # every case but im2col_gemm (a cuBLAS step)
+    assert len(list(tmp_path.glob("*.cu"))) == 14          # every case but im2col_gemm (a cuBLAS step)
     assert "implicit_gemm" in result.stdout and "(cuBLAS step)" in result.stdout
+    assert "nhwc_bf16       mma" in result.stdout and (tmp_path / "implicit_gemm_nhwc_bf16.cu").exists()
     assert (tmp_path / "implicit_gemm_nhwc_pitch4_tma.cu").exists() and (tmp_path / "direct_nchw_tiled_tma.cu").exists()
     assert ("PASS" in result.stdout) == has_gpu()
 
@@ -258,6 +352,18 @@ def test_families_lists_the_gemm_families_and_their_switches(capsys):
     out = capsys.readouterr().out
     for word in ("implicit_gemm", "im2win", "im2col_gemm", "block_k", "async_copy", "precomp", "batch_chunk"):
         assert word in out
+    gemm = out[out.index("implicit_gemm:"):out.index("im2win:")]
+    tensor_cores = gemm[gemm.index("with --dtype float16 or bfloat16, or --math tf32 or 3xtf32"):]
+    assert "mma.sync" in tensor_cores and "thread_m" not in tensor_cores
+    for name in ("block_m", "block_n", "block_k", "warp_m", "warp_n", "stages"):
+        assert f"    --tile {name}=" in tensor_cores
+    assert out.count("with --dtype float16") == 1          # only implicit_gemm has a tensor-core kernel
+
+
+def test_help_shows_a_tensor_core_example():
+    result = run("--help")
+    example = "convgen run implicit_gemm --layout NHWC --c 64 --k 64 --input 56 56 --padding 1 --dtype bf16"
+    assert example in result.stdout
 
 
 def test_compile_an_implicit_gemm_kernel_without_a_gpu(cache_dir, capsys):

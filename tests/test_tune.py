@@ -479,3 +479,89 @@ def test_under_a_limit_im2win_also_tries_the_full_chunk_heuristic_at_the_smaller
 
     core_seeds = gemm_tuning.tuning_seeds(replace(spec, n=full.batch_chunk))
     assert family.tuning_seeds(spec) == [dict(t, batch_chunk=full.batch_chunk) for t in core_seeds]  # no limit
+
+
+BF16 = ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=64, input_size=(14, 14), filter_size=3, padding=1, dtype="bf16")
+
+
+@pytest.mark.parametrize("spec", [BF16, dataclasses.replace(SPEC, math="3xtf32"),
+                                  ConvSpec(dims=3, layout="NCDHW", n=1, c=5, k=40, input_size=(4, 6, 6),
+                                           filter_size=3, dtype="float16"),
+                                  dataclasses.replace(SPEC, layout="NCHW", dpitch=None, math="tf32")],
+                         ids=["bf16-nhwc", "3xtf32-nhwc", "fp16-ncdhw", "tf32-nchw"])
+def test_tensor_core_space_holds_only_tiles_the_spec_and_target_take(spec):
+    """Every member passes the tile checks ``plan`` makes (geometry, the MMA's k, 16-bit warp_n,
+    3xTF32's accumulators, element copies, shared memory on this target): a sample plans in full;
+    the heuristic and the seeds are members."""
+    from codegen.device import as_device, present
+    from codegen.families.mma_gemm import MmaTiles, check_tiles
+
+    family = get_family("implicit_gemm", spec)
+    space = family.tuning_space(spec)
+    assert len(space) > 20 and family.tiles_type is MmaTiles
+    assert len({json.dumps(t, sort_keys=True) for t in space}) == len(space)
+    for tiles in space:
+        t = MmaTiles(**tiles)
+        check_tiles(spec, t, as_device(present()))
+        assert 32 <= t.block_m <= 256 and t.stages in (2, 3, 4)
+    for tiles in space[:: max(1, len(space) // 6)]:
+        plan("implicit_gemm", spec, tiles)
+    assert family.heuristic_tiles(spec).to_dict() in space
+    assert all(seed in space for seed in family.tuning_seeds(spec))
+
+
+def test_the_bf16_space_is_wide_and_seeded_with_cutlass_shapes():
+    space = get_family("implicit_gemm", BF16).tuning_space(BF16)
+    assert {t["block_n"] for t in space} == {32, 64}                 # no wider than the 64 channels
+    assert {t["block_m"] for t in space} == {32, 64, 128, 256}
+    assert {t["block_k"] for t in space} == {16, 32, 64} and {t["stages"] for t in space} == {2, 3, 4}
+    assert all(t["warp_n"] % 16 == 0 for t in space)
+    seeds = get_family("implicit_gemm", BF16).tuning_seeds(BF16)
+    assert dict(block_m=128, block_n=64, block_k=32, warp_m=64, warp_n=32, stages=4) in seeds
+
+
+def test_a_bfloat16_record_serves_bfloat16_builds_only(tmp_path, monkeypatch):
+    """A record is keyed by the spec, dtype and math included: tuning the bfloat16 spec records
+    MmaTiles for it, which its builds take, while the float32 build of the same shape (and its
+    tf32 build) keep their heuristics, and a float32 record does not serve the bfloat16 build."""
+    monkeypatch.setenv("CONVGEN_TUNING_DB", str(tmp_path / "tuning.json"))
+    pretend_device(monkeypatch, DEVICE)
+    fp32, tf32 = dataclasses.replace(BF16, dtype="float32"), dataclasses.replace(BF16, dtype="float32", math="tf32")
+    tried = []
+
+    def evaluate(batch):
+        tried.extend(batch)
+        return [tune.Trial(t, seconds=1e-3 / (t["block_k"] * t["stages"]), status="ok") for t in batch]
+
+    result = tune.tune("implicit_gemm", BF16, budget=60, max_configs=6, evaluate=evaluate, progress=False)
+    heuristic = get_family("implicit_gemm", BF16).heuristic_tiles(BF16).to_dict()
+    assert tried[0] == heuristic and result.best.tiles != heuristic and "thread_m" not in result.best.tiles
+    db = tune.TuningDB()
+    assert db.lookup("implicit_gemm", BF16, DEVICE) == result.best.tiles
+    assert db.lookup("implicit_gemm", fp32, DEVICE) is None and db.lookup("implicit_gemm", tf32, DEVICE) is None
+    assert plan("implicit_gemm", BF16).tiles.to_dict() == result.best.tiles
+    assert plan("implicit_gemm", fp32).tiles == get_family("implicit_gemm").heuristic_tiles(fp32)
+    assert plan("implicit_gemm", tf32).tiles == get_family("implicit_gemm", tf32).heuristic_tiles(tf32)
+    fma = dict(get_family("implicit_gemm").default_tiles(fp32).to_dict(), stages=2)
+    db.record("implicit_gemm", fp32, DEVICE, fma, kernel=tune.kernel_fingerprint("implicit_gemm", fp32, fma))
+    assert plan("implicit_gemm", fp32).tiles.to_dict() == fma
+    assert plan("implicit_gemm", BF16).tiles.to_dict() == result.best.tiles
+    assert "bfloat16" in tune.format_result(result).splitlines()[0]
+
+
+@pytest.mark.parametrize("changes", [{"dtype": "bfloat16"}, {"dtype": "float16"}, {"math": "tf32"},
+                                     {"math": "3xtf32"}])
+def test_the_tuners_bound_is_the_precision_modules(changes):
+    """The tuner builds ``precision.error_bound`` on the device from two convolutions; on numpy
+    arrays the same formula gives the same bound."""
+    import numpy as np
+
+    from codegen import precision
+    from codegen.families.direct import convolution_reference
+
+    spec = dataclasses.replace(SPEC, dpitch=None, **changes)
+    x, w = get_family("implicit_gemm", spec).make_inputs(spec, np.random.default_rng(1))
+    x64, w64 = precision.from_storage(x, spec.dtype), precision.from_storage(w, spec.dtype)
+    ours = tune.error_bound_of(spec, convolution_reference(spec, x64, w64),
+                               convolution_reference(spec, np.abs(x64), np.abs(w64)))
+    np.testing.assert_allclose(ours, precision.error_bound(spec, x, w), rtol=1e-12, atol=0)

@@ -80,8 +80,9 @@ def time_kernel(kernel, repeats: int = 20) -> float:
     """Median seconds of one launch of ``kernel`` on random inputs."""
     import cupy
 
+    from codegen.api import array_dtype
     from codegen.families import get_family
 
     inputs = [cupy.asarray(x) for x in get_family(kernel.plan.family, kernel.spec).make_inputs(kernel.spec, np.random.default_rng(0))]
-    out = cupy.empty(kernel.plan.output.shape, dtype=cupy.float32)
+    out = cupy.empty(kernel.plan.output.shape, dtype=array_dtype(kernel.plan.output.dtype))
     return median_seconds(lambda: kernel.launch(inputs, out), repeats)

@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 
 from codegen import index, precision
-from codegen.device import Device, as_device
+from codegen.device import Device, as_device, present
 from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch,
                                    convolution_selftest_context, kernel_name)
 from codegen.families.direct import convolution_reference
@@ -288,6 +288,55 @@ def heuristic_tiles(spec: ConvSpec, device: Device | str | None = None) -> MmaTi
     return tiles
 
 
+TUNING_SEEDS = ((128, 128, 64, 64, 3), (128, 256, 64, 64, 3), (256, 128, 64, 64, 3), (128, 64, 64, 32, 4),
+                (64, 128, 32, 64, 4), (64, 64, 32, 32, 4))
+"""(block_m, block_n, warp_m, warp_n, stages) of the tuner's seeds, at 64-byte slices (block_k 32 for
+16-bit types, 16 for TF32): CUTLASS's sm_80 tensor-op tile shapes, where the spec and target take them."""
+
+
+def tuning_space(spec: ConvSpec, device: Device | str | None = None) -> list[dict]:
+    """Every tile configuration the tuner may try for ``spec`` on ``device``: CTA tiles of 32-256
+    (no taller or wider than M and N need, and for K under 32 also the one narrow tile that covers
+    it), warp tiles of 16-128 x 8-128 giving 1-8 warps, slices of one to four MMA steps (no deeper
+    than GEMM_K needs), 2-4 stages; each passes ``check_geometry`` and ``check_tiles``."""
+    device = as_device(device)
+    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    atom_n = 8 if spec.dtype is DType.float32 else 16
+    narrow = max(atom_n, _power_of_two_above(gemm_n))
+    widths = [b for b in (32, 64, 128, 256) if b <= max(32, narrow)]
+    widths = ([narrow] if narrow < 32 else []) + widths
+    heights = [b for b in (32, 64, 128, 256) if b <= max(32, _power_of_two_above(gemm_m))]
+    depths = [k for k in (8, 16, 32, 64) if k % mma_k(spec) == 0 and k <= max(mma_k(spec), _power_of_two_above(gemm_k))]
+    space = []
+    for block_m in heights:
+        for block_n in widths:
+            for warp_m in (w for w in (16, 32, 64, 128) if w <= block_m):
+                for warp_n in (w for w in (8, 16, 32, 64, 128) if atom_n <= w <= block_n):
+                    for block_k in depths:
+                        for stages in (2, 3, 4):
+                            try:
+                                tiles = MmaTiles(block_m=block_m, block_n=block_n, block_k=block_k, warp_m=warp_m,
+                                                 warp_n=warp_n, stages=stages)
+                                check_tiles(spec, tiles, device)
+                            except SpecError:
+                                continue
+                            space.append(tiles.to_dict())
+    return space
+
+
+def _power_of_two_above(n: int) -> int:
+    """The least power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def tuning_seeds(spec: ConvSpec, device: Device | str | None = None) -> list[dict]:
+    """``TUNING_SEEDS`` that are members of ``tuning_space``."""
+    space = tuning_space(spec, device)
+    seeds = [MmaTiles(**dict(zip(("block_m", "block_n", "warp_m", "warp_n", "stages"), shape)),
+                      block_k=64 // spec.dtype.itemsize).to_dict() for shape in TUNING_SEEDS]
+    return [seed for seed in seeds if seed in space]
+
+
 @dataclass(frozen=True, kw_only=True)
 class MmaContext(ConvolutionContext):
     """What ``implicit_gemm_mma.cu.j2`` reads.  Sizes are in elements unless named bytes."""
@@ -367,6 +416,13 @@ class TensorCoreGemm(Family):
     def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> MmaTiles:
         """The heuristic's tiles: the kernel needs no workspace."""
         return heuristic_tiles(spec, device)
+
+    def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        """``tuning_space`` for this machine's GPU (else the H100); no tiles need workspace."""
+        return tuning_space(spec, present())
+
+    def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
+        return tuning_seeds(spec, present())
 
     def plan(self, spec: ConvSpec, tiles: MmaTiles, device: Device | str | None = None) -> KernelPlan:
         self.check_precision(spec)
