@@ -59,6 +59,10 @@ implicit_gemm --tile tma=true --layout NHWC
 implicit_gemm --tile tma=true --layout NDHWC
 implicit_gemm --tile tma=true --layout NCHW
 implicit_gemm --tile tma=true --layout NCDHW
+implicit_gemm --dtype bf16
+implicit_gemm --dtype fp16
+implicit_gemm --math tf32
+implicit_gemm --math 3xtf32
 im2win
 im2col_gemm"
 fuzz_matrix() {  # `convgen fuzz` on every case of FUZZ_CASES, each its own process with its own log
