@@ -46,20 +46,25 @@ def plan(family: str, spec: ConvSpec, tiles: Tiles | dict | None = None, arch: s
     it (a smaller batch chunk, the TMA kernel's transposed filter left out); tiles passed in are
     refused with the largest choice that fits; a family that cannot get under it says what it
     needs at least."""
-    fam = get_family(family, spec)
     if not isinstance(spec, ConvSpec):
         raise TypeError(f"spec must be a codegen.ConvSpec (make one with ConvSpec(...) or ConvSpec.from_dict(...)); "
                         f"got {type(spec).__module__}.{type(spec).__name__}")
+    fam = get_family(family, spec)
     fam.check_precision(spec)
+    kernel = family if fam is get_family(family) else (f"{family}'s tensor-core kernel (dtype={spec.dtype.value}, "
+                                                       f"math={spec.math.value})")
     device = resolve_device(target, arch)
     check_workspace_limit(workspace_limit)
     chosen_here = tiles is None
     if tiles is None:
         tiles = chooser(fam, spec, device, workspace_limit)
+        if not isinstance(tiles, fam.tiles_type):
+            raise SpecError("chooser", type(tiles).__name__, f"must return {fam.tiles_type.__name__}, the tiles of "
+                            f"{kernel}")
     elif isinstance(tiles, dict):
         tiles = fam.complete_tiles(spec, tiles, device)
     elif not isinstance(tiles, fam.tiles_type):
-        raise SpecError("tiles", type(tiles).__name__, f"{family} takes {fam.tiles_type.__name__} or a dict")
+        raise SpecError("tiles", type(tiles).__name__, f"{kernel} takes {fam.tiles_type.__name__} or a dict")
     kernel_plan = fam.plan(spec, tiles, device)
     if workspace_limit is None or kernel_plan.workspace_bytes <= workspace_limit:
         return kernel_plan
@@ -283,10 +288,10 @@ def _as_cupy(obj: Any, buffer: Buffer):
 
     if isinstance(obj, cupy.ndarray):
         return obj
-    if _kind(obj) == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16":
+    if _kind(obj) == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16" and obj.is_cuda:
         import torch   # bfloat16 has no __cuda_array_interface__ typestr: pass its bits, as CuPy takes them
 
-        return cupy.asarray(obj.view(torch.int16)).view(cupy.uint16)
+        return cupy.from_dlpack(obj.view(torch.int16)).view(cupy.uint16)
     if hasattr(obj, "__cuda_array_interface__"):
         return cupy.asarray(obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

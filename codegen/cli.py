@@ -303,7 +303,9 @@ def cmd_bench(args) -> int:
     from codegen.bench.layers import benchmark_layers, select_layers
 
     if args.family != "conv":
-        given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families)) if value), None)
+        given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families),
+                                               ("--dtype", args.dtype != "float32"), ("--math", args.math != "fma"))
+                      if value), None)
         if given:
             raise Fail(f"{given} is taken by 'bench conv' only; 'bench {args.family}' runs the layers of the "
                        "package's shapes.json")
@@ -321,6 +323,10 @@ def cmd_bench(args) -> int:
         layers = select_layers(benchmark_layers(conv.LAYER_GROUPS, args.shapes), args.layers)
         precision = ConvSpec.from_dict({**layer_spec(layers[0], "NCDHW" if "D" in layers[0] else "NCHW", 1).to_dict(),
                                         "dtype": args.dtype, "math": args.math})     # refuse a bad --dtype/--math now
+        if args.families and "implicit_gemm" not in args.families and (precision.dtype.value, precision.math.value) != (
+                "float32", "fma"):
+            raise Fail(f"--families {' '.join(args.families)} has no kernel for --dtype {precision.dtype.value} "
+                       f"--math {precision.math.value}: only implicit_gemm runs on tensor cores")
         _require_gpu("convgen bench")
         layouts = tuple(args.layouts or ("NCHW", "NCDHW"))
         name = "-".join(["conv"] + ([Path(args.shapes).stem] if args.shapes else [])

@@ -91,8 +91,8 @@ def uses_tensor_cores(dtype: "DType", math_mode: MathMode) -> bool:
 
 
 def _dtype(value: Any) -> "DType":
-    if isinstance(value, str) and value in DTYPE_ALIASES:
-        return DTYPE_ALIASES[value]
+    if isinstance(value, str) and value.lower() in DTYPE_ALIASES:
+        return DTYPE_ALIASES[value.lower()]
     try:
         return DType(value)
     except ValueError:
@@ -318,8 +318,8 @@ def _check_totals(n: int, c: int, k: int, pitch: int, input_size: tuple[int, ...
     for tensor, elements, fields in tensors:
         if elements > ELEMENTS_MAX:
             name = max(fields, key=lambda f: math.prod(fields[f]) if isinstance(fields[f], tuple) else fields[f])
-            raise SpecError(name, fields[name], f"makes the {tensor} tensor {elements:.3g} elements "
-                            f"({elements * 4:.3g} bytes), more than the 2^61 whose byte offsets fit 64 bits")
+            raise SpecError(name, fields[name], f"makes the {tensor} tensor {elements:.3g} elements, more than the "
+                            "2^61 whose byte offsets fit 64 bits")
 
 
 def _tup(values: tuple[int, ...]) -> str:

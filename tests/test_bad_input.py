@@ -454,6 +454,8 @@ CLI_CASES = [
     # --- bench (GPU) ----------------------------------------------------------------------------
     case("bench-conv-layers-nope", "bench conv --layers nope", "--layers"),
     case("bench-conv-dtype-unknown", "bench conv --dtype bf17", "dtype"),
+    case("bench-im2col-dtype", "bench im2col --dtype bf16", "--dtype"),
+    case("bench-conv-families-without-tensor-cores", "bench conv --families im2win --dtype bf16", "--families"),
     case("bench-conv-math-on-bf16", "bench conv --dtype bf16 --math tf32", "math"),
     case("bench-conv-shapes-missing", "bench conv --shapes missing.json", "--shapes"),
     case("bench-im2col-shapes", "bench im2col --shapes x.json", "--shapes", files={"x.json": "[]"}),

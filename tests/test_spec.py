@@ -270,3 +270,30 @@ def test_cli_prints_one_line_and_exits_2_without_traceback():
     assert result.returncode == 2
     assert result.stderr.strip() == "convgen: error: dpitch=2 is invalid: must be >= c (3)"
     assert "Traceback" not in result.stderr
+
+
+def test_a_family_plan_refuses_a_precision_its_kernel_does_not_run():
+    """A family's plan() called directly (not through api.plan) cannot hand back an FP32 kernel for a
+    bfloat16 or tf32 spec: the plan itself checks its kernel against the spec's precision."""
+    from codegen.families import direct, implicit_gemm
+
+    for changes, field in (({"dtype": "bfloat16"}, "dtype"), ({"math": "tf32"}, "math")):
+        spec = ConvSpec(dims=2, layout="NHWC", n=1, c=8, k=8, input_size=8, filter_size=3, **changes)
+        for family in (implicit_gemm.FAMILY, direct.FAMILY):
+            fp32 = ConvSpec.from_dict({**spec.to_dict(), "dtype": "float32", "math": "fma"})
+            with pytest.raises(SpecError) as info:
+                family.plan(spec, family.default_tiles(fp32))
+            assert info.value.field == field
+
+
+def test_a_chooser_must_return_the_routed_kernels_tiles():
+    from codegen.api import plan
+    from codegen.families import implicit_gemm
+
+    bf16 = ConvSpec(dims=2, layout="NHWC", n=1, c=8, k=8, input_size=8, filter_size=3, dtype="bf16")
+    fp32_tiles = implicit_gemm.FAMILY.default_tiles(ConvSpec.from_dict({**bf16.to_dict(), "dtype": "float32"}))
+    with pytest.raises(SpecError, match="MmaTiles") as info:
+        plan("implicit_gemm", bf16, chooser=lambda family, spec, device, limit: fp32_tiles)
+    assert info.value.field == "chooser"
+    with pytest.raises(TypeError, match="ConvSpec"):
+        plan("implicit_gemm", bf16.to_dict())

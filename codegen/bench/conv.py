@@ -37,7 +37,7 @@ from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, cudnn_extra_bytes, l
 from codegen.bench.direct import tiles_for
 from codegen.bench.layers import benchmark_layers, layer_spec
 from codegen.bench.timing import median_seconds
-from codegen.spec import ConvSpec, MathMode, uses_tensor_cores
+from codegen.spec import ConvSpec, DType, MathMode, uses_tensor_cores
 from codegen.spec import replace as replace_spec
 
 DIRECT_CANDIDATES = ("tiled_tma", "tiled_register", "tiled_halo", "basic")
@@ -84,7 +84,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
     flops = gemm_flops(spec)
     case = CudnnCase(spec)
     x, w, y = case.x, case.w, case.y
-    cudnn_extra = cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * 4)
+    cudnn_extra = cudnn_extra_bytes(case.run_cudnn, math.prod(alg.output_shape) * spec.dtype.itemsize)
     cudnn_kernels = launched_kernels(case.run_cudnn)
     tensor_cores = uses_tensor_cores(spec.dtype, spec.math)
     if tensor_cores:     # only the implicit GEMM has tensor-core kernels; the FP32 families refuse the spec
@@ -146,7 +146,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
             groups.append([prepare(family, "tuned", recorded) if recorded else
                            {**common, "family": family, "variant": "tuned", "ablation": None,
                             "skipped": "no tuned entry for this GPU and version (run convgen tune)"}])
-    if tensor_cores and spec.dtype.itemsize == 4 and "implicit_gemm" in families:
+    if tensor_cores and spec.dtype is DType.float32 and "implicit_gemm" in families:
         fma = replace_spec(spec, math="fma")     # tf32 and 3xtf32 beside the FMA kernel they are faster than
         groups.append([prepare("implicit_gemm", "fma", None, run_spec=fma)])
     if ablation and "im2win" in families:
@@ -216,7 +216,8 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
 
 SERIES = ("heuristic", "tma", "fma", "tuned", WITHIN_CUDNN)
 """The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
-TMA kernel (layers it takes, channels-first ones with A gathered), the tuning database's choice,
+TMA kernel (layers it takes, channels-first ones with A gathered), the FMA kernel beside a tf32 or
+3xtf32 run, the tuning database's choice,
 and im2win held to cuDNN's extra memory."""
 HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "fma": "(fp32 fma)", "tuned": "(tuned)",
             WITHIN_CUDNN: "(<=cuDNN MiB)"}

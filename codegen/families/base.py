@@ -22,7 +22,7 @@ import sympy
 from codegen import index, launch_limits
 from codegen.device import Device
 from codegen.index import IndexAlgebra
-from codegen.spec import ConvSpec, DType, MathMode, SpecError
+from codegen.spec import ConvSpec, DType, MathMode, SpecError, uses_tensor_cores
 from codegen.spec import replace as replace_spec
 from codegen.tiles import Tiles
 
@@ -276,10 +276,21 @@ class KernelPlan:
     template: str = ""
     """The template whose ``kernels()`` holds the plan's kernels; empty: ``<family>.cu.j2``.  A
     family whose kernels are of different kinds keeps each in its own (implicit_gemm's TMA kernel)."""
+    tensor_cores: bool = False
+    """The kernels multiply on tensor cores: what a float16, bfloat16, tf32 or 3xtf32 spec needs."""
 
     def __post_init__(self) -> None:
         if not self.template:
             object.__setattr__(self, "template", f"{self.family}.cu.j2")
+        if uses_tensor_cores(self.spec.dtype, self.spec.math) != self.tensor_cores:
+            field_name, value = ("math", self.spec.math.value) if self.spec.dtype is DType.float32 else (
+                "dtype", self.spec.dtype.value)
+            raise SpecError(field_name, value, f"{self.family}'s {self.variant} kernel runs "
+                            f"{'tensor-core' if self.tensor_cores else 'float32 fma'} specs only")
+        wrong = next((b for b in self.buffers if b.role != "workspace" and b.dtype is not self.spec.dtype), None)
+        if wrong is not None:
+            raise SpecError("dtype", self.spec.dtype.value, f"{self.family}'s buffer {wrong.name} holds "
+                            f"{wrong.dtype.value}")
 
     def compile_arch(self, arch: str) -> str:
         """The architecture to compile for when the target is ``arch``."""
@@ -313,7 +324,7 @@ class KernelPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        """Extra device memory beyond inputs and output (4-byte elements)."""
+        """Extra device memory beyond inputs and output, in bytes."""
         return sum(b.elements * b.dtype.itemsize for b in self.workspaces)
 
     def launch_args(self, launch: Launch) -> tuple[Buffer, ...]:

@@ -454,7 +454,7 @@ class TensorCoreGemm(Family):
         buffers = (Buffer("x", alg.image_shape, "in", loads["a_load"].copy_bytes, spec.dtype),
                    Buffer("w", alg.filter_shape, "in", loads["b_load"].copy_bytes, spec.dtype),
                    Buffer("y", alg.output_shape, "out", itemsize * (2 if pair_store else 1), spec.dtype))
-        return KernelPlan(self.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=80,
+        return KernelPlan(self.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=80, tensor_cores=True,
                           min_arch_reason="mma.sync on TF32 and bfloat16, ldmatrix and cp.async; float32 with "
                           "math fma runs on older targets", template=self.template)
 
