@@ -15,6 +15,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from codegen import precision
+from codegen.precision import NAN
 from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec, DType, Layout, SpecError, uses_tensor_cores
 
@@ -168,18 +169,27 @@ class Mismatch:
         return self.reason
 
 
-def compare(result: np.ndarray, expected: np.ndarray, rtol: float = 1e-5, atol: float = 1e-4) -> Mismatch | None:
-    """None when ``result`` matches; NaN (an unwritten, poisoned element) never matches.
-
-    Index bugs move whole elements (errors of order 1); the tolerance only absorbs float32
-    rounding of col2im's sums."""
-    result = np.asarray(result, dtype=np.float64)
+def _shape_or_unwritten(result: np.ndarray, expected: np.ndarray) -> Mismatch | None:
+    """The mismatches both comparisons report before any tolerance: a wrong shape, or NaN left in
+    the poisoned output (elements never written)."""
     if result.shape != expected.shape:
         return Mismatch(f"shape {result.shape}, expected {expected.shape}")
     unwritten = int(np.isnan(result).sum())
     if unwritten:
         first = np.unravel_index(int(np.argmax(np.isnan(result))), result.shape)
         return Mismatch(f"{unwritten} element(s) never written (NaN), first at {tuple(map(int, first))}")
+    return None
+
+
+def compare(result: np.ndarray, expected: np.ndarray, rtol: float = 1e-5, atol: float = 1e-4) -> Mismatch | None:
+    """None when ``result`` matches; NaN (an unwritten, poisoned element) never matches.
+
+    Index bugs move whole elements (errors of order 1); the tolerance only absorbs float32
+    rounding of col2im's sums."""
+    result = np.asarray(result, dtype=np.float64)
+    unfit = _shape_or_unwritten(result, expected)
+    if unfit:
+        return unfit
     error = np.abs(result - expected)
     excess = error - (atol + rtol * np.abs(expected))
     if (excess > 0).any():
@@ -193,12 +203,9 @@ def within_error_bound(result: np.ndarray, expected: np.ndarray, bound: np.ndarr
     """``compare`` for the tensor-core kernels: None when every element of ``result`` lies within
     its ``bound`` (``precision.error_bound``) of the float64 ``expected``; NaN never does."""
     result = np.asarray(result, dtype=np.float64)
-    if result.shape != expected.shape:
-        return Mismatch(f"shape {result.shape}, expected {expected.shape}")
-    unwritten = int(np.isnan(result).sum())
-    if unwritten:
-        first = np.unravel_index(int(np.argmax(np.isnan(result))), result.shape)
-        return Mismatch(f"{unwritten} element(s) never written (NaN), first at {tuple(map(int, first))}")
+    unfit = _shape_or_unwritten(result, expected)
+    if unfit:
+        return unfit
     error = np.abs(result - expected)
     excess = error - bound
     if (excess > 0).any():
@@ -216,10 +223,6 @@ def check_result(spec: ConvSpec, result: np.ndarray, expected: np.ndarray, input
     if uses_tensor_cores(spec.dtype, spec.math):
         return within_error_bound(result, expected, precision.error_bound(spec, *inputs[:2]))
     return compare(result, expected)
-
-
-NAN = {DType.float32: np.float32(np.nan), DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0)}
-"""NaN as a buffer of each dtype stores it (bfloat16: a quiet NaN's uint16 bits), to poison outputs with."""
 
 
 def launch_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0,

@@ -35,6 +35,9 @@ import numpy as np
 from codegen.families.direct import convolution_reference
 from codegen.spec import ConvSpec, DType, MathMode
 
+NAN = {DType.float32: np.float32(np.nan), DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0)}
+"""NaN as a buffer of each dtype stores it (bfloat16: a quiet NaN's uint16 bits), to poison outputs with."""
+
 TF32_MANTISSA_BITS = 10
 """Explicit mantissa bits of TF32 (and of float16); bfloat16 has 7, float32 23."""
 

@@ -257,7 +257,7 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
     from codegen.bench.timing import median_seconds
     from codegen.compile import resolve_arch
     from codegen.families import get_family
-    from codegen.fuzz import NAN
+    from codegen.precision import NAN
 
     fam = get_family(family, spec)
     host_inputs = fam.make_inputs(spec, np.random.default_rng(7))

@@ -37,6 +37,7 @@ from codegen.bench.cudnn import CudnnCase, cudnn_algorithm, cudnn_extra_bytes, l
 from codegen.bench.direct import tiles_for
 from codegen.bench.layers import benchmark_layers, layer_spec
 from codegen.bench.timing import median_seconds
+from codegen.precision import NAN
 from codegen.spec import ConvSpec, DType, MathMode, uses_tensor_cores
 from codegen.spec import replace as replace_spec
 
@@ -55,8 +56,6 @@ def extra_bytes(plan) -> int:
     return plan.workspace_bytes + len(table) * 4 * getattr(plan.context, "table_slots", 1)
 
 
-BFLOAT16_NAN_BITS = 0x7FC0
-"""A quiet NaN in bfloat16, the poison of outputs held as uint16 bits."""
 ROUNDS = 3
 """Timing rounds per layer: cuDNN and every kernel are timed once per round, in turn, and each
 reports the median of its rounds, so a drift of the clock (or of cuDNN's own time) while a layer
@@ -106,7 +105,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
             kernel = build(family, run_spec, tiles)
         except SpecError as err:
             return {**row, "skipped": str(err)}
-        y.fill(BFLOAT16_NAN_BITS if y.dtype == cupy.uint16 else float("nan"))
+        y.fill(NAN[spec.dtype])
         kernel.launch([x, w], y)
         row.update(tiles=kernel.plan.tiles.describe(), extra_bytes=extra_bytes(kernel.plan),
                    relative_error_vs_cudnn=case.relative_error())
