@@ -500,6 +500,34 @@ def test_wide_tiles_where_split_k_would_run_and_their_last_wave_is_full():
         "ho_v3_48_64", "f_c72_3x3", "wf_c5_64_64_32", "wf_c3s2_96_64_112"])
 
 
+def test_few_tile_grids_keep_four_warps_a_cta_and_split_k_instead():
+    """GEMM v37's rule on the layers that showed it: where core_tiles halves a CTA below 4 warps, the
+    4-warp tile with split-K down to 8 slices a split (g3_odd_17_19 NCDHW 0.76x -> 1.08x cuDNN,
+    g_c48_80_asym NCHW 0.80x -> 0.97x); not where the tile would be mostly padding rows (a 64-pixel
+    fully connected layer) or its splits would leave SMs idle (a 147-deep stem: 98 CTAs)."""
+    from pathlib import Path
+
+    from codegen.bench.layers import layer_spec, read_shapes_file
+    from codegen.families.gemm_heuristic import FEW_TILE_MIN_WARPS, core_tiles, portable_tiles
+
+    docs = Path(__file__).parent.parent / "docs" / "shapes"
+    layers = {l["name"]: l for l in read_shapes_file(docs / "generalisation.json")}
+
+    def tiles(name, layout):
+        spec = layer_spec(layers[name], layout, layers[name]["N"])
+        return core_tiles(spec), portable_tiles(spec, "h100")
+
+    for name, layout, split_k in (("g3_odd_17_19", "NCDHW", 3), ("g_c48_80_asym", "NCHW", 3),
+                                  ("g_c255_255_1x1", "NCHW", 2)):
+        core, held = tiles(name, layout)
+        assert core.threads < 32 * FEW_TILE_MIN_WARPS <= held.threads, name
+        assert held.block_m > core.block_m and held.split_k == split_k, name
+    for name, layout in (("g_c1280_1000_fc", "NCHW"), ("g_stem_b1", "NHWC")):
+        core, held = tiles(name, layout)
+        assert core.threads < 32 * FEW_TILE_MIN_WARPS, name
+        assert (held.block_m, held.split_k) == (core.block_m, core.split_k), name
+
+
 def test_tma_rule_wants_whole_channel_boxes_and_long_k_or_16_row_micro_tiles():
     """The two conditions GEMM v30 added, on layers it measured: C padded to 32-channel boxes by a
     third or more (C = 16: 0.56-0.71x), and C x taps below 512 with 8x8 micro-tiles (0.32-1.00x

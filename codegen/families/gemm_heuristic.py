@@ -7,7 +7,7 @@ they are the same rules, not measured there.
 
 - ``choose_tiles``: implicit_gemm on a target (``build`` without tiles): the sm_90 TMA kernel where
   ``tma_choice`` takes it (its tiles from ``tma_tiles``), else ``portable_tiles``.
-- ``portable_tiles``: the cp.async kernel, which runs everywhere: ``core_tiles`` with two changes.
+- ``portable_tiles``: the cp.async kernel, which runs everywhere: ``core_tiles`` with three changes.
 - ``core_tiles``: the rules implicit_gemm's cp.async kernel shares with im2win.
 - ``gather_pays``: where the channels-first TMA kernel, taken only on request, beats the cp.async one.
 - ``takes_stream_k``, ``tail_in_own_launch``: how the TMA plan shares out its last round of tiles.
@@ -191,15 +191,17 @@ channel-fastest, one k-row per lane, so a thread's per-slice copy state grows wi
 
 
 def portable_tiles(spec: ConvSpec, device: Device | str | None = None) -> GemmTiles:
-    """implicit_gemm's cp.async kernel (``default_tiles``): ``core_tiles``, with two changes.
+    """implicit_gemm's cp.async kernel (``default_tiles``): ``core_tiles``, with three changes.
 
+    - ``few_tile_tiles`` where the grid has too few tiles for ``core_tiles`` to keep 4 warps a CTA.
     - Where it splits K and K is a multiple of 64, the 128-thread tiles of 16x8 micro-tiles of
       ``wide_tiles`` instead, unsplit, wherever their grid fills its last wave of
       ``WIDE_BLOCKS_PER_SM`` blocks per SM to ``WIDE_MIN_WAVE_FILL`` (GEMM v32, v33).
     - 8-deep slices on channels-last inputs of at most ``SHALLOW_CHANNELS`` channels (GEMM v34)."""
     device = as_device(device)
     alg = index.IndexAlgebra(spec)
-    tiles = core_tiles(spec, row_table_fits(alg, gemm_terms(alg, "image")), device)
+    core = core_tiles(spec, row_table_fits(alg, gemm_terms(alg, "image")), device)
+    tiles = few_tile_tiles(spec, core, device) or core
     gemm_m, gemm_n, _ = gemm_sizes(alg)
     if tiles.split_k > 1 and gemm_n % 64 == 0:
         wide = fit_device(wide_tiles(tiles, gemm_n), device)
@@ -209,6 +211,41 @@ def portable_tiles(spec: ConvSpec, device: Device | str | None = None) -> GemmTi
     if spec.layout.channels_last and spec.c <= SHALLOW_CHANNELS and tiles.block_k == 16:
         return GemmTiles(**{**tiles.to_dict(), "block_k": 8})
     return tiles
+
+
+FEW_TILE_MIN_WARPS = 4
+"""Warps a CTA keeps on a grid of few tiles (``few_tile_tiles``)."""
+FEW_TILE_MIN_SLICES = 8
+"""k-slices each split keeps at least in ``few_tile_tiles``, whose larger tiles need split-K sooner."""
+
+
+def few_tile_tiles(spec: ConvSpec, core: GemmTiles, device: Device) -> GemmTiles | None:
+    """Where ``core_tiles`` halved block_m to a CTA of fewer than ``FEW_TILE_MIN_WARPS`` warps to
+    give each SM two CTAs: the tile at the last halving that keeps those warps, with split-K down to
+    ``FEW_TILE_MIN_SLICES`` slices a split making up the CTAs, if that tile fits in the pixels
+    and the splits give every SM a CTA, and the card's shared memory holds it (else None).  Tiles of 1-3
+    warps spend their few k-slices on per-CTA setup and pipeline fill; on the 130 layer-layouts of
+    the shapes files where this changes the tiles it ran 1.03x faster in geometric mean, and took
+    the slowest GEMM layer of docs/shapes/generalisation.json from 0.76x to 1.08x cuDNN FP32 (GEMM v37)."""
+    alg = index.IndexAlgebra(spec)
+    gemm_m, gemm_n, gemm_k = gemm_sizes(alg)
+    block_n = core.block_n
+    block_m = 256 if block_n == 32 else 128
+    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * device.sm_count:
+        half = block_m // 2
+        thread_m, thread_n = _micro_tile(half, block_n)
+        if half * block_n // (thread_m * thread_n) < 32 * FEW_TILE_MIN_WARPS:
+            break
+        block_m = half
+    tiles = tile_count(gemm_m, gemm_n, block_m, block_n)
+    split_k = heuristic_split_k(tiles, -(-gemm_k // core.block_k), device.sm_count, FEW_TILE_MIN_SLICES)
+    if block_m == core.block_m or block_m > gemm_m or tiles * split_k < device.sm_count:
+        return None   # the pixels would pad the tile, or SMs would idle: the halved tile stands
+    thread_m, thread_n = _micro_tile(block_m, block_n)
+    warp_m, warp_n = _warp_shape(block_m, block_n, thread_m, thread_n)
+    held = fit_device(dataclasses.replace(core, block_m=block_m, warp_m=warp_m, warp_n=warp_n, thread_m=thread_m,
+                                          thread_n=thread_n, split_k=split_k), device)
+    return held if shared_bytes(held) <= device.shared_per_block else None
 
 
 def wide_tiles(base: GemmTiles, gemm_n: int) -> GemmTiles:
@@ -310,13 +347,13 @@ def _warp_shape(block_m: int, block_n: int, thread_m: int, thread_n: int) -> tup
     raise SpecError("tiles.block_m/block_n", (block_m, block_n), "no 32-lane warp layout divides this block")
 
 
-def heuristic_split_k(ctas: int, k_tiles: int, sm_count: int) -> int:
+def heuristic_split_k(ctas: int, k_tiles: int, sm_count: int, min_slices: int = SPLIT_K_MIN_SLICES) -> int:
     """Split-K for an output of ``ctas`` tiles and a K range of ``k_tiles`` slices: enough splits to
-    reach ``SPLIT_K_CTAS_PER_SM`` CTAs a SM (at most 16 splits), each keeping ``SPLIT_K_MIN_SLICES``."""
+    reach ``SPLIT_K_CTAS_PER_SM`` CTAs a SM (at most 16 splits), each keeping ``min_slices``."""
     enough = SPLIT_K_CTAS_PER_SM * sm_count
     if ctas >= enough:
         return 1
-    return max(1, min(16, -(-enough // ctas), k_tiles // SPLIT_K_MIN_SLICES))
+    return max(1, min(16, -(-enough // ctas), k_tiles // min_slices))
 
 
 def row_table_fits(alg: index.IndexAlgebra, terms: dict) -> bool:
