@@ -12,12 +12,13 @@ from typing import Any
 
 from codegen.compile import CompileError, CompiledKernel, compile_source, compute_capability, device_arch, resolve_arch
 from codegen.families import get_family
-from codegen.families.base import BlasGemm, Buffer, Family, KernelPlan, format_bytes
+from codegen.families.base import Buffer, Family, KernelPlan, format_bytes
+from codegen.launch import Launcher, buffer_bytes
 from codegen.render import KernelSource, render_kernels
 from codegen.spec import ConvSpec, DType, SpecError
 from codegen.device import Device, max_shared_per_block
 from codegen.device import resolve as resolve_device
-from codegen.tiles import STATIC_SHARED_LIMIT, Tiles
+from codegen.tiles import Tiles
 from codegen.tuning_db import tuned_or_heuristic
 
 
@@ -90,44 +91,63 @@ def _difference(tiles: Tiles, other: Tiles) -> str:
     return " ".join(changed) or other.describe()
 
 
+MAX_ACCEPTED_SIGNATURES = 64
+"""Argument signatures a kernel remembers as checked (``Kernel.__call__``); past this it starts over."""
+
+
 @dataclass
 class Kernel:
-    """A compiled kernel for one (family, spec, tiles); call it like a function on device arrays."""
+    """A compiled kernel for one (family, spec, tiles); call it like a function on device arrays.
+
+    The first call with arguments of a given signature (type, shape, strides, dtype, device and
+    whether each address has the alignment the kernel needs) checks them in full; later calls with
+    that signature skip to the launch, so a model calling a layer pays a few microseconds of host
+    time rather than the checks' tens."""
 
     plan: KernelPlan
     source: KernelSource
     compiled: CompiledKernel
-    _functions: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
-    _encoded_maps: dict[tuple, Any] = field(default_factory=dict, repr=False)
+    _launcher: Launcher = field(init=False, repr=False)
+    _call_names: tuple[str, ...] = field(init=False, repr=False)
+    _call_alignments: tuple[int, ...] = field(init=False, repr=False)
+    _accepted: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self._launcher = Launcher(self.plan, self.compiled.cubin)
+        self._call_names = tuple(b.name for b in (*self.plan.inputs, self.plan.output))
+        self._call_alignments = tuple(b.alignment for b in (*self.plan.inputs, self.plan.output))
 
     @property
     def spec(self) -> ConvSpec:
         return self.plan.spec
 
-    def _function(self, device_id: int, name: str):
-        import cupy
-
-        if device_id not in self._functions:
-            with cupy.cuda.Device(device_id):
-                module = cupy.cuda.function.Module()
-                module.load(self.compiled.cubin)
-                self._functions[device_id] = {"module": module}
-        loaded = self._functions[device_id]
-        if name not in loaded:
-            loaded[name] = loaded["module"].get_function(name)
-        return loaded[name]
-
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
-        import cupy
-
         expected = self.plan.inputs
         if len(inputs) != len(expected):
             names = ", ".join(b.name for b in expected)
             raise LaunchError(f"{self.plan.family} takes {len(expected)} input(s) ({names}); got {len(inputs)}")
-        kind = _kind(inputs[0])
-        arrays = [_as_cupy(x, b) for x, b in zip(inputs, expected)]
+        if _all_torch_tensors(inputs, out):
+            return self._call_torch(inputs, out)
+        if _kind(inputs[0]) != "torch":
+            return self._call_cupy(inputs, out)
+        import cupy
+        import torch
+
+        result = self._call_cupy(inputs, out, cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+        return _as_torch(result) if out is None else result
+
+    @property
+    def _call_buffers(self) -> tuple[Buffer, ...]:
+        """The buffers a call passes, in order: the inputs, then the output."""
+        return (*self.plan.inputs, self.plan.output)
+
+    def _call_cupy(self, inputs: tuple, out: Any, stream=None) -> Any:
+        """Any device arrays (a tensor among other kinds too), checked in full each call."""
+        import cupy
+
+        arrays = [_as_cupy(x, b) for x, b in zip(inputs, self.plan.inputs)]
         device_id = arrays[0].device.id
-        for array, buffer in zip(arrays, expected):
+        for array, buffer in zip(arrays, self.plan.inputs):
             _check(array, buffer, device_id)
         with cupy.cuda.Device(device_id):
             if out is None:
@@ -135,72 +155,73 @@ class Kernel:
             else:
                 result = _as_cupy(out, self.plan.output)
                 _check(result, self.plan.output, device_id)
-            stream = _stream_for(kind)
             self.launch(arrays, result, stream)
-        if out is not None:
-            return out
-        return _to_kind(result, kind)
+        return out if out is not None else result
+
+    def _call_torch(self, inputs: tuple, out: Any) -> Any:
+        """PyTorch tensors, launched on PyTorch's current stream, with the output and any workspace
+        from PyTorch's caching allocator (what CUDA graph capture needs)."""
+        import torch
+
+        first = inputs[0]
+        if out is None:
+            if not first.is_cuda:
+                _as_cupy(first, self.plan.inputs[0])   # says what is wrong with it
+            out = torch.empty(self.plan.output.shape, dtype=torch_dtype(self.plan.output.dtype), device=first.device)
+        tensors = (*inputs, out)
+        pointers = [t.data_ptr() for t in tensors]
+        signature = (*[(t.shape, t.stride(), t.dtype, t.device) for t in tensors],
+                     *[p % a for p, a in zip(pointers, self._call_alignments)])
+        if signature not in self._accepted:
+            self._check_torch(inputs, out)
+            if len(self._accepted) >= MAX_ACCEPTED_SIGNATURES:
+                self._accepted.clear()
+            self._accepted.add(signature)
+        self.launch_tensors(pointers, first.device)
+        return out
+
+    def launch_tensors(self, pointers: list[int], device) -> None:
+        """Launch on the device addresses of PyTorch tensors (inputs, then the output, in call
+        order) on ``device`` (a ``torch.device``), on PyTorch's current stream there, workspaces
+        from its caching allocator.  Nothing is checked: for callers that checked these tensors
+        themselves (``codegen.torch`` keys them by shape, strides, dtype, device and alignment)."""
+        import torch
+
+        current = torch._C._cuda_getDevice()
+        index = current if device.index is None else device.index
+
+        def allocate(buffer: Buffer):
+            workspace = torch.empty(buffer_bytes(buffer), dtype=torch.uint8, device=device)
+            return workspace, workspace.data_ptr()
+
+        named = dict(zip(self._call_names, pointers))
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        if index == current:
+            self._launcher.run(index, named, stream, allocate)
+        else:
+            with torch.cuda.device(index):
+                self._launcher.run(index, named, stream, allocate)
+
+    def _check_torch(self, inputs: tuple, out: Any) -> None:
+        """The full checks of a CuPy call, on CuPy views of the tensors (no copy)."""
+        arrays = [_as_cupy(x, b) for x, b in zip((*inputs, out), self._call_buffers)]
+        for array, buffer in zip(arrays, self._call_buffers):
+            _check(array, buffer, arrays[0].device.id)
 
     def launch(self, arrays: list, result, stream=None) -> None:
-        """Launch on already-checked CuPy arrays (the benchmark's hot path); workspaces are
-        allocated per call from CuPy's pool, so repeated calls reuse the same memory."""
+        """Launch on already-checked CuPy arrays (the benchmark's hot path) on ``stream`` (default
+        CuPy's current one); workspaces come from CuPy's pool, so repeated calls reuse its memory."""
         import cupy
 
         stream = stream or cupy.cuda.get_current_stream()
-        device_id = result.device.id
-        if self.plan.zero_output:
-            cupy.cuda.runtime.memsetAsync(result.data.ptr, 0, result.nbytes, stream.ptr)
-        by_name = {b.name: a for b, a in zip(self.plan.inputs, arrays)}
-        by_name[self.plan.output.name] = result
-        for buffer in self.plan.workspaces:
-            by_name[buffer.name] = cupy.empty(buffer.shape, dtype=array_dtype(buffer.dtype))
-        for symbol, buffer_name in self.plan.constants:
-            source = by_name[buffer_name]
-            cupy.cuda.runtime.memcpyAsync(self._global(device_id, symbol), source.data.ptr, source.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-        for step in self.plan.schedule:
-            if isinstance(step, BlasGemm):
-                _blas_gemm(step, by_name, stream)
-                continue
-            function = self._function(device_id, step.kernel)
-            if step.shared_bytes > STATIC_SHARED_LIMIT:
-                self._opt_in_shared(device_id, step)
-            args = tuple(by_name[b.name] for b in self.plan.launch_args(step))
-            if step.offsets:
-                args = tuple(a.ravel()[offset:] for a, offset in zip(args, step.offsets))
-            if step.tensor_maps:
-                args = tuple(self._tensor_map(m, by_name[m.buffer].data.ptr) for m in step.tensor_maps) + args
-            function(step.launch_grid, step.block, args, shared_mem=step.shared_bytes, stream=stream)
+        pointers = {b.name: a.data.ptr for b, a in zip(self.plan.inputs, arrays)}
+        pointers[self.plan.output.name] = result.data.ptr
 
-    def _tensor_map(self, tensor_map, pointer: int):
-        """The encoded map for a buffer at ``pointer``, encoded once per address: encoding costs
-        tens of microseconds of host time, which a timed launch would otherwise include."""
-        from codegen import tma
+        def allocate(buffer: Buffer):
+            workspace = cupy.empty(buffer.shape, dtype=array_dtype(buffer.dtype))
+            return workspace, workspace.data.ptr
 
-        key = (tensor_map, pointer)
-        if key not in self._encoded_maps:
-            if len(self._encoded_maps) >= 256:  # a long run over many buffers: start over, stay small
-                self._encoded_maps.clear()
-            self._encoded_maps[key] = tma.encode(tensor_map, pointer)
-        return self._encoded_maps[key]
-
-    def _opt_in_shared(self, device_id: int, step) -> None:
-        """Above 48 KB of dynamic shared memory a kernel must opt in, once per loaded module."""
-        import cupy
-        from cupy_backends.cuda.api import driver
-
-        key = ("opted", step.kernel)
-        loaded = self._functions[device_id]
-        if key not in loaded:
-            with cupy.cuda.Device(device_id):
-                driver.funcSetAttribute(self._function(device_id, step.kernel).ptr,
-                                        driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, step.shared_bytes)
-            loaded[key] = True
-
-    def _global(self, device_id: int, symbol: str):
-        """The device address of a ``__constant__`` symbol of the loaded module."""
-        self._function(device_id, self.plan.launches[0].kernel)
-        return self._functions[device_id]["module"].get_global_var(symbol)
+        self._launcher.run(result.device.id, pointers, stream.ptr, allocate)
 
 
 def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
@@ -254,28 +275,6 @@ def compile_plan(kernel_plan: KernelPlan, arch: str) -> Kernel:
     return Kernel(kernel_plan, source, compiled)
 
 
-def _blas_gemm(step: BlasGemm, by_name: dict, stream) -> None:
-    """One cuBLAS strided-batched SGEMM on the buffers' device pointers, on ``stream``."""
-    import cupy
-    import numpy as np
-    from cupy_backends.cuda.libs import cublas
-
-    handle = cupy.cuda.device.get_cublas_handle()
-    one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
-
-    def pointer(ref: tuple[str, int]) -> int:
-        name, offset = ref
-        return by_name[name].data.ptr + 4 * offset
-
-    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-    with stream:
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        cublas.sgemmStridedBatched(handle, op[step.trans_a], op[step.trans_b], step.m, step.n, step.k,
-                                   one.ctypes.data, pointer(step.a), step.lda, step.stride_a,
-                                   pointer(step.b), step.ldb, step.stride_b, zero.ctypes.data,
-                                   pointer(step.c), step.ldc, step.stride_c, step.batch)
-
-
 def _kind(obj: Any) -> str:
     module = type(obj).__module__
     if module.startswith("torch"):
@@ -288,6 +287,8 @@ def _as_cupy(obj: Any, buffer: Buffer):
 
     if isinstance(obj, cupy.ndarray):
         return obj
+    if getattr(obj, "requires_grad", False):
+        obj = obj.detach()   # PyTorch refuses to export a tensor that requires grad; no copy is made
     if _kind(obj) == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16" and obj.is_cuda:
         import torch   # bfloat16 has no __cuda_array_interface__ typestr: pass its bits, as CuPy takes them
 
@@ -329,22 +330,27 @@ def array_dtype(dtype: DType):
     return {DType.float32: cupy.float32, DType.float16: cupy.float16, DType.bfloat16: cupy.uint16}[dtype]
 
 
-def _stream_for(kind: str):
+def torch_dtype(dtype: DType):
+    """The PyTorch dtype of tensors holding ``dtype`` (bfloat16 as itself: PyTorch has the type)."""
+    import torch
+
+    return {DType.float32: torch.float32, DType.float16: torch.float16, DType.bfloat16: torch.bfloat16}[dtype]
+
+
+def _all_torch_tensors(inputs: tuple, out: Any) -> bool:
+    """Whether a call passes PyTorch tensors alone (``out`` too, where given)."""
+    if _kind(inputs[0]) != "torch":
+        return False
+    import torch
+
+    return all(isinstance(t, torch.Tensor) for t in (*inputs, *(() if out is None else (out,))))
+
+
+def _as_torch(result) -> Any:
+    """A CuPy result as a PyTorch tensor without a copy (uint16 bits as bfloat16)."""
     import cupy
+    import torch
 
-    if kind == "torch":
-        import torch
-
-        return cupy.cuda.Stream.from_external(torch.cuda.current_stream())
-    return cupy.cuda.get_current_stream()
-
-
-def _to_kind(result, kind: str):
-    import cupy
-
-    if kind == "torch":
-        import torch
-
-        tensor = torch.from_dlpack(result.view(cupy.int16) if result.dtype == cupy.uint16 else result)
-        return tensor.view(torch.bfloat16) if result.dtype == cupy.uint16 else tensor
-    return result
+    if result.dtype == cupy.uint16:
+        return torch.from_dlpack(result.view(cupy.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(result)

@@ -1,0 +1,148 @@
+"""codegen.torch without a GPU: the custom op's fake implementation, tracing a whole model into one
+graph, the modules and the swap, the refusals, and check-only builds.  Skipped where PyTorch is
+not installed (it is optional); ``import codegen`` never needs it."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from codegen import torch as convgen_torch  # noqa: E402
+from codegen.spec import SpecError  # noqa: E402
+
+SCRIPTS = Path(__file__).parent.parent / "scripts"
+
+
+def test_import_codegen_needs_no_torch():
+    """A blocked ``import torch`` leaves ``import codegen`` and a build working, and codegen.torch
+    says how to install PyTorch."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import codegen, codegen.api, codegen.cli\n"
+            "try:\n    import codegen.torch\nexcept ImportError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install torch" in done.stdout
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fake_conv_gives_the_shape_and_memory_format_of_the_real_one(dims, channels_last):
+    size = (9, 11, 13)[:dims]
+    x = torch.empty(2, 5, *size, device="meta")
+    w = torch.empty(7, 5, *(3,) * dims, device="meta")
+    fmt = {2: torch.channels_last, 3: torch.channels_last_3d}[dims]
+    if channels_last:
+        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+    y = torch.ops.convgen.conv(x, w, [2] * dims, [1] * dims, [1] * dims, 1, "fma", "implicit_gemm", "")
+    expected = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
+    reference = expected(x, w, stride=2, padding=1)
+    assert y.shape == reference.shape
+    assert y.is_contiguous(memory_format=fmt) if channels_last else y.is_contiguous()
+
+
+def _example_network():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from torch_example import network
+    finally:
+        sys.path.pop(0)
+    return network()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_swapped_model_traces_into_one_graph_with_no_break(backend):
+    """torch.compile(fullgraph=True) on meta tensors: every convolution is the custom op, and the
+    fake implementation carries the channels_last format through the network."""
+    model = _example_network().eval()
+    report = convgen_torch.swap_convolutions(model)
+    assert len(report.swapped) == 15 and not report.left
+    model = model.to("meta", memory_format=torch.channels_last)
+    x = torch.empty(2, 3, 32, 32, device="meta").contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+        y = torch.compile(model, fullgraph=True, backend=backend)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    ops = [n for g in explained.graphs for n in g.graph.nodes if "convgen" in str(n.target)]
+    assert len(ops) == 15
+    assert y.shape == (2, 256, 4, 4) and y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_swap_keeps_parameters_and_names_what_it_leaves():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=2),
+                          nn.Conv3d(2, 2, 2), nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"),
+                          nn.Conv2d(8, 8, 2, padding="same"))
+    weight = model[0].weight
+    report = convgen_torch.swap_convolutions(model)
+    assert report.swapped == ["0", "3"]
+    assert set(report.left) == {"2", "4", "5"}
+    assert "groups=2" in report.left["2"] and "reflect" in report.left["4"] and "same" in report.left["5"]
+    assert isinstance(model[0], convgen_torch.Conv2d) and model[0].weight is weight
+    assert model[0].padding == (1, 1) and isinstance(model[3], convgen_torch.Conv3d)
+    assert "convgen.Conv2d" in repr(model) and "2 convolution(s) swapped, 3 left" in str(report)
+
+
+def test_modules_take_torch_arguments_and_state_dicts():
+    theirs = nn.Conv3d(4, 6, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), bias=True)
+    ours = convgen_torch.Conv3d(4, 6, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), bias=True, math="fma")
+    ours.load_state_dict(theirs.state_dict())
+    assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+    with pytest.raises(SpecError, match="groups"):
+        convgen_torch.Conv2d(4, 8, 3, groups=2)
+    with pytest.raises(SpecError, match="padding_mode"):
+        convgen_torch.Conv2d(4, 8, 3, padding_mode="circular")
+
+
+def _refusal(x, w, **kwargs):
+    with pytest.raises((SpecError, TypeError)) as caught:
+        convgen_torch.spec_for(x, w, ((1, 1), (0, 0), (1, 1)), **kwargs)
+    return str(caught.value)
+
+
+def test_bad_tensors_are_refused_naming_the_argument():
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    assert "CUDA" in _refusal(x, w) and "input" in _refusal(x, w)
+    assert "float64" in _refusal(x.double(), w.double(), on_gpu=False)
+    assert "groups" in _refusal(x, w, groups=2, on_gpu=False)
+    assert "4 channels" in _refusal(x, torch.randn(6, 5, 3, 3), on_gpu=False)
+    assert "contiguous or channels_last" in _refusal(x[:, :, ::2], w, on_gpu=False)
+    assert "memory format" in _refusal(x.contiguous(memory_format=torch.channels_last), w, on_gpu=False)
+    assert "must match the input" in _refusal(x, w.half(), on_gpu=False)
+    with torch.enable_grad():
+        assert "no backward" in _refusal(x, w.requires_grad_(), on_gpu=False)
+    with pytest.raises(SpecError, match="stride"):
+        convgen_torch.conv(x, w, stride=(1, 2, 3))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        convgen_torch.conv(x.numpy(), w)
+
+
+def test_specs_follow_the_memory_format_and_pytorchs_tf32_setting():
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    spec, channels_last = convgen_torch.spec_for(x, w, ((2, 2), (1, 1), (1, 1)), on_gpu=False)
+    assert (spec.layout.value, spec.stride, channels_last) == ("NCHW", (2, 2), False)
+    last = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+    spec, channels_last = convgen_torch.spec_for(*last, ((1, 1), (0, 0), (1, 1)), on_gpu=False)
+    assert (spec.layout.value, channels_last) == ("NHWC", True)
+    previous = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        assert convgen_torch._math_mode(None, x) == "tf32"
+        torch.backends.cudnn.allow_tf32 = False
+        assert convgen_torch._math_mode(None, x) == "fma"
+        assert convgen_torch._math_mode(None, x.bfloat16()) == "fma"
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+
+
+def test_check_only_builds_every_kernel_a_model_launches(cache_dir):
+    """The example network in check-only mode on the CPU: each distinct layer's kernel is built
+    (planned, rendered, compiled) for the H100, and the outputs are PyTorch's."""
+    model = _example_network().eval()
+    convgen_torch.swap_convolutions(model, math="fma")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), convgen_torch.check_only("h100") as built:
+        y = model(x)
+    assert len(built) == 8 and y.shape == (2, 256, 4, 4)
+    assert all(kernel.compiled.cubin for _, kernel in built)
+    assert {spec.layout.value for spec, _ in built} == {"NCHW"}
