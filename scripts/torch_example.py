@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=128, help="image height and width")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile runs")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="let cuDNN time its algorithms per layer (torch.backends.cudnn.benchmark; off by default "
+                             "in PyTorch, and then cuDNN's heuristic picks)")
     parser.add_argument("--check-only", action="store_true",
                         help="no GPU: run the network on the CPU and build every kernel convgen would launch (for "
                              "the H100), without launching any")
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
              "fp16": torch.float16, "float16": torch.float16}[args.dtype]
     math_mode = args.math if dtype == torch.float32 else "fma"
     torch.backends.cudnn.allow_tf32 = math_mode == "tf32"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)
     reference = network().eval()
     ours = copy.deepcopy(reference)
