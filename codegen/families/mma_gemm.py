@@ -27,6 +27,10 @@ elsewhere element by element, through 4-byte ``cp.async`` for float32 and throug
 warp's loads coalesce.  B likewise: 16-byte copies where GEMM_K rows keep 16-byte alignment.  A
 thread's pixels (base offset, origin per padded axis) are computed once per CTA; each k column is
 decomposed into (channel, tap) once per k-slice and serves all of the thread's pixels.
+
+With ``wgmma`` the plan is Hopper's kernel instead (``wgmma_gemm``: warpgroup MMAs, sm_90a), for
+channels-last float16 and bfloat16 with 16-byte channel runs; the heuristic takes it wherever the
+target is sm_90 and the spec is one of those, and mma.sync everywhere else.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from codegen import index, precision
 from codegen.device import Device, as_device, present
 from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch,
                                    convolution_selftest_context, kernel_name)
+from codegen.families import wgmma_gemm
 from codegen.families.direct import convolution_reference
 from codegen.spec import ConvSpec, DType, MathMode, SpecError, uses_tensor_cores
 from codegen.terms.gemm import gemm_sizes, gemm_terms
@@ -69,6 +74,8 @@ MAX_ASYNC_ELEMENT_COPIES_IN_FLIGHT = 96
 on float32 data: ptxas holds registers for each stage's copies, so at 32 copies a slice 3 stages
 took 190-196 registers on sm_80 and 4 stages spilled 4-36 bytes at 255 (TF32 and 3xTF32 tiles of
 one and two warps)."""
+MAX_WARP_N = 128
+"""A warp's widest tile along N (the 256 of ``MmaTiles``' choices is a wgmma warpgroup's)."""
 DEFAULT_STAGES = 3
 VARIANT = "mma"
 """The plan's variant: implicit_gemm's kernel on tensor cores."""
@@ -97,14 +104,29 @@ class MmaTiles(Tiles):
                   "bfloat16, 8 for TF32)", choices=(8, 16, 32, 64)),
         TileParam("warp_m", "warp tile along M, in 16-row MMA atoms", choices=(16, 32, 64, 128)),
         TileParam("warp_n", "warp tile along N, in 8-column MMA atoms (16-bit types load two at once: a "
-                  "multiple of 16)", choices=(8, 16, 32, 64, 128)),
+                  "multiple of 16); with wgmma, block_n", choices=(8, 16, 32, 64, 128, 256)),
         TileParam("stages", "shared-memory stages of the pipeline (slices in flight while one is multiplied)",
                   choices=(2, 3, 4, 5, 6)),
+        TileParam("wgmma", "sm_90 only: Hopper's warpgroup MMA (channels-last float16 and bfloat16 with 16-byte "
+                  "channel runs); warp_m x warp_n is then a consumer warpgroup's tile (64 or 128 rows, block_n "
+                  "columns), block_k the 128-byte slice", choices=(False, True)),
     )
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_geometry(self)
+        if self.wgmma:
+            wgmma_gemm.check_geometry(self)
+        else:
+            check_geometry(self)
+
+    def to_dict(self) -> dict:
+        """The fields, wgmma only where set: the mma.sync kernels keep the tuning records, kernel names
+        (a hash of ``describe``) and catalogue files they had before the variant existed."""
+        fields = super().to_dict()
+        if not self.wgmma:
+            del fields["wgmma"]
+        return fields
 
     @property
     def warps_m(self) -> int:
@@ -116,11 +138,14 @@ class MmaTiles(Tiles):
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return wgmma_gemm.threads(self) if self.wgmma else 32 * self.warps_m * self.warps_n
 
 
 def check_geometry(tiles: MmaTiles) -> None:
-    """What any spec needs of the tiles, each refusal naming the field."""
+    """What any spec needs of the mma.sync tiles, each refusal naming the field."""
+    if tiles.warp_n > MAX_WARP_N:
+        raise SpecError("tiles.warp_n", tiles.warp_n, f"must be at most {MAX_WARP_N} without wgmma (wider tiles are a "
+                        "warpgroup's)")
     if tiles.block_m % tiles.warp_m:
         raise SpecError("tiles.block_m", tiles.block_m, f"must be a multiple of warp_m ({tiles.warp_m})")
     if tiles.block_n % tiles.warp_n:
@@ -140,7 +165,10 @@ def mma_k(spec: ConvSpec) -> int:
 
 
 def check_tiles(spec: ConvSpec, tiles: MmaTiles, device: Device) -> None:
-    """What ``spec``'s MMA and ``device``'s shared memory need of the tiles."""
+    """What ``spec``'s MMA and ``device``'s shared memory (and, with wgmma, its arch) need of the tiles."""
+    if tiles.wgmma:
+        wgmma_gemm.check_tiles(spec, tiles, device)
+        return
     if tiles.block_k % mma_k(spec):
         raise SpecError("tiles.block_k", tiles.block_k, f"must be a multiple of {mma_k(spec)} for {spec.dtype.value} "
                         f"(the k of one MMA)")
@@ -393,7 +421,8 @@ class TensorCoreGemm(Family):
     template = "implicit_gemm_mma.cu.j2"
     tiles_type = MmaTiles
     summary = ("implicit-GEMM convolution on tensor cores (sm_80+, mma.sync): float16, bfloat16, and float32 "
-               "with math tf32 or 3xtf32; FP32 accumulation, cp.async pipeline")
+               "with math tf32 or 3xtf32; FP32 accumulation, cp.async pipeline; wgmma=True: Hopper's warpgroup MMA "
+               "(sm_90, channels-last float16 and bfloat16)")
 
     def check_precision(self, spec: ConvSpec) -> None:
         """Only tensor-core specs: float32 with math fma runs on the FMA kernel."""
@@ -402,11 +431,29 @@ class TensorCoreGemm(Family):
                             "tensor-core kernel takes float16, bfloat16, or float32 with math tf32 or 3xtf32")
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> MmaTiles:
+        """The portable mma.sync kernel's tiles (``heuristic_tiles``)."""
+        return heuristic_tiles(spec, device)
+
+    def heuristic_tiles(self, spec: ConvSpec, device: Device | str | None = None) -> MmaTiles:
+        """The WGMMA kernel where ``device`` is sm_90 and the spec one it covers, else mma.sync's."""
+        device = as_device(device)
+        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
+            return MmaTiles(**wgmma_gemm.heuristic_fields(spec, device))
         return heuristic_tiles(spec, device)
 
     def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> MmaTiles:
-        """The tiles a user asked for, the rest from the heuristic; a CTA tile asked for without its
-        warp tile keeps the heuristic's warp tile where it fits, else takes the whole CTA tile."""
+        """The tiles a user asked for, the rest from the heuristic (the WGMMA kernel's where wgmma is
+        asked for: the spec and target are checked first); a CTA tile asked for without its warp tile
+        keeps the heuristic's warp tile where it fits, else takes the whole CTA tile, and with wgmma a
+        consumer warpgroup spans block_n and takes half of block_m from 128 rows up."""
+        if requested.get("wgmma") is True:
+            wgmma_gemm.check_spec(spec, as_device(device))
+            base = wgmma_gemm.heuristic_fields(spec, device)
+            if isinstance(requested.get("block_n"), int) and "warp_n" not in requested:
+                base["warp_n"] = requested["block_n"]
+            if isinstance(requested.get("block_m"), int) and "warp_m" not in requested:
+                base["warp_m"] = requested["block_m"] // (wgmma_gemm.MAX_CONSUMERS if requested["block_m"] >= 128 else 1)
+            return MmaTiles.from_dict({**base, **requested})
         base = heuristic_tiles(spec, device).to_dict()
         for block, warp in (("block_m", "warp_m"), ("block_n", "warp_n")):
             if block in requested and warp not in requested and isinstance(requested[block], int):
@@ -418,14 +465,21 @@ class TensorCoreGemm(Family):
         return heuristic_tiles(spec, device)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
-        """``tuning_space`` for this machine's GPU (else the H100); no tiles need workspace."""
-        return tuning_space(spec, present())
+        """``tuning_space`` for this machine's GPU (else the H100), and on sm_90 the WGMMA kernel's
+        tiles where it covers the spec; no tiles need workspace."""
+        device = as_device(present())
+        space = tuning_space(spec, device)
+        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
+            space += wgmma_gemm.tuning_fields(spec, device)
+        return space
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         return tuning_seeds(spec, present())
 
     def plan(self, spec: ConvSpec, tiles: MmaTiles, device: Device | str | None = None) -> KernelPlan:
         self.check_precision(spec)
+        if tiles.wgmma:
+            return wgmma_gemm.plan(self, spec, tiles, device)
         check_tiles(spec, tiles, as_device(device))
         alg = self.algebra(spec)
         gemm_m, gemm_n, gemm_k = gemm_sizes(alg)

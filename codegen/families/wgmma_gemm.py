@@ -1,0 +1,303 @@
+"""Implicit-GEMM convolution on Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a): float16 and
+bfloat16 on channels-last data whose channel runs allow 16-byte copies; the variant ``wgmma`` of
+implicit_gemm's tensor-core kernel (``mma_gemm``), which owns the tiles and the family.
+
+The GEMM is mma_gemm's: M output pixels, N output channels, K = C x taps in the filter's own order,
+A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n * GEMM_K
++ k].  A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or two
+consumer warpgroups.  The producer fills a ring of ``stages`` k-slices of 64 elements (128 bytes a
+row, A and B both k-major) with 16-byte ``cp.async`` copies into the 128-byte swizzle (chunk j of
+row r at j ^ (r % 8)), zero-filled where a tap lies in the padding or past M, N or K, and each of
+its threads arrives on the slice's "full" mbarrier once its copies have landed.  Each consumer
+warpgroup owns warp_m rows of the block_m x block_n tile: it waits on "full", orders the copies'
+writes before its MMAs (``fence.proxy.async``: wgmma reads shared memory through the async proxy,
+cp.async writes through the generic one), issues m64n{block_n}k16 MMAs from two shared-memory
+descriptors, and releases the slice on its "empty" mbarrier once the next slice's MMAs are issued
+and this one's retired.  The FP32 accumulators are rounded once, in the epilogue, and stored from
+registers while the producer already fills the next tile's slices.
+
+A pixel's base offset and padded-axis origins are computed once per tile into a shared table
+(``PIXEL_TABLE``): the producer's few registers (``REGISTER_SPLIT``) could not hold them for the
+16 rows a thread copies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from codegen import index
+from codegen.device import Device, as_device
+from codegen.families.base import Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context, kernel_name
+from codegen.spec import ConvSpec, DType, SpecError
+from codegen.terms.gemm import gemm_sizes, gemm_terms
+
+VARIANT = "wgmma"
+ARCH = 90
+"""wgmma exists on sm_90a alone (Blackwell's tensor cores take other instructions)."""
+SLICE_BYTES = 128
+"""A k-slice row: the width of the 128-byte swizzle, whose 8-row atoms the MMA descriptors walk."""
+CHUNK_BYTES = 16
+PRODUCER_THREADS = 128
+WARPGROUP = 128
+MMA_ROWS = 64
+"""The M of one wgmma: a consumer warpgroup's rows are 1 or 2 such blocks."""
+MMA_K_BYTES = 32
+"""The k of one 16-bit wgmma (16 elements), as a step of the descriptor's start address."""
+MAX_ACCUMULATORS = 128
+"""FP32 accumulators per consumer thread (a warpgroup's 64x256 or 128x128 tile)."""
+MAX_CONSUMERS = 2
+BLOCK_N_CHOICES = (32, 64, 128, 256)
+"""Output-channel tiles: powers of two up to wgmma's largest N (256), from 32 so that the tuner's
+space stays small (the producer copies B in passes of 16 rows; 16 would work too)."""
+TUNING_STAGES = (2, 3, 4)
+"""Stages the tuner tries: on the prototype 5 ran no faster than 4."""
+REGISTER_SPLIT = (56, 224)
+"""``setmaxnreg`` registers of a producer and a consumer thread with two consumer warpgroups
+(384 threads, 64,512 of the 65,536): at 40 the producer spilled 4 bytes on 256-channel tiles."""
+PIXEL_TABLE = {"int": 16, "long long": 32}
+"""Bytes of a pixel's table entry by index type: its base offset and three int slots (the origins of
+the padded axes, or whether the pixel exists)."""
+DEFAULT_STAGES = 4
+"""H100, BF16 256x128 tiles: 4 stages ran conv8 8 % faster than 3 (c3d_conv2 3 % slower)."""
+
+
+def covers(spec: ConvSpec) -> bool:
+    """Channels-last float16 or bfloat16 with C and the pitch multiples of 8, so that every 16-byte
+    copy is 8 channels of one pixel at one tap, and every filter row 16-byte aligned."""
+    unit = CHUNK_BYTES // spec.dtype.itemsize
+    return (spec.dtype in (DType.float16, DType.bfloat16) and spec.layout.channels_last
+            and spec.c % unit == 0 and spec.pitch % unit == 0)
+
+
+def runs_on(device: Device) -> bool:
+    return device.capability == ARCH
+
+
+def slice_k(spec: ConvSpec) -> int:
+    """Elements of a k-slice row."""
+    return SLICE_BYTES // spec.dtype.itemsize
+
+
+def consumers(tiles) -> int:
+    return tiles.block_m // tiles.warp_m
+
+
+def threads(tiles) -> int:
+    return PRODUCER_THREADS + WARPGROUP * consumers(tiles)
+
+
+def check_geometry(tiles) -> None:
+    """What any spec needs of WGMMA tiles (``mma_gemm.MmaTiles`` with wgmma set): a consumer
+    warpgroup's warp_m rows are whole 64-row MMAs, and it spans the tile's block_n columns."""
+    if tiles.warp_m not in (MMA_ROWS, 2 * MMA_ROWS):
+        raise SpecError("tiles.warp_m", tiles.warp_m, f"must be {MMA_ROWS} or {2 * MMA_ROWS} with wgmma (the rows of a "
+                        f"consumer warpgroup, in {MMA_ROWS}-row MMAs)")
+    if tiles.block_n not in BLOCK_N_CHOICES:
+        raise SpecError("tiles.block_n", tiles.block_n, f"must be one of {BLOCK_N_CHOICES} with wgmma")
+    if tiles.warp_n != tiles.block_n:
+        raise SpecError("tiles.warp_n", tiles.warp_n, f"must equal block_n ({tiles.block_n}) with wgmma: each consumer "
+                        "warpgroup spans the tile's output channels")
+    if tiles.block_m % tiles.warp_m or not 1 <= consumers(tiles) <= MAX_CONSUMERS:
+        raise SpecError("tiles.block_m", tiles.block_m, f"must be 1 or {MAX_CONSUMERS} times warp_m ({tiles.warp_m}) "
+                        "with wgmma: one consumer warpgroup per warp_m rows")
+    if tiles.warp_m * tiles.warp_n // WARPGROUP > MAX_ACCUMULATORS:
+        raise SpecError("tiles.warp_n", tiles.warp_n, f"with warp_m {tiles.warp_m} gives each consumer thread "
+                        f"{tiles.warp_m * tiles.warp_n // WARPGROUP} accumulators; at most {MAX_ACCUMULATORS}")
+
+
+def check_spec(spec: ConvSpec, device: Device) -> None:
+    """Refuse, naming the tile field, a spec or target the WGMMA kernel cannot run."""
+    if not runs_on(device):
+        raise SpecError("tiles.wgmma", True, f"needs sm_{ARCH} (wgmma is an sm_{ARCH}a instruction); the target "
+                        f"{device.name} is {device.arch}: leave wgmma off for the portable mma.sync kernel")
+    if not covers(spec):
+        raise SpecError("tiles.wgmma", True, f"takes channels-last float16 or bfloat16 with C and the channel pitch "
+                        f"multiples of {CHUNK_BYTES // spec.dtype.itemsize} (16-byte copies); this spec is "
+                        f"{spec.layout.value} {spec.dtype.value} with C {spec.c}, pitch {spec.pitch}")
+
+
+def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
+    check_spec(spec, device)
+    if tiles.block_k != slice_k(spec):
+        raise SpecError("tiles.block_k", tiles.block_k, f"must be {slice_k(spec)} with wgmma ({SLICE_BYTES}-byte "
+                        "slice rows, the width of the swizzle the MMA descriptors read)")
+    needed = shared_bytes(spec, tiles)
+    if needed > device.shared_per_block:
+        raise SpecError("tiles.stages", tiles.stages, f"gives {needed} bytes of shared memory per block; "
+                        f"{device.name} allows {device.shared_per_block} (fewer stages or smaller tiles)")
+
+
+def index_type(spec: ConvSpec, tiles) -> str:
+    alg = index.IndexAlgebra(spec)
+    return alg.index_type(_padded_rows(alg, tiles), False)
+
+
+def _padded_rows(alg: index.IndexAlgebra, tiles) -> int:
+    """GEMM M rounded up to whole tiles: the pixel rows the kernel's index arithmetic reaches."""
+    return -(-alg.cols // tiles.block_m) * tiles.block_m
+
+
+def shared_bytes(spec: ConvSpec, tiles) -> int:
+    """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B, the pixel table
+    and the full and empty mbarriers."""
+    entry = PIXEL_TABLE[index_type(spec, tiles)]
+    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES + tiles.block_m * entry + 16 * tiles.stages
+
+
+def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
+    return -(-gemm_m // block_m) * -(-gemm_n // block_n)
+
+
+def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict[str, Any]:
+    """A first rule, from H100 timings (BF16, docs/perf.md): the largest tile no wider than K needs
+    that still gives every SM a tile, largest area first and at equal area the wider one (A, the
+    im2col operand, is then read for fewer channel tiles); where none does, the smallest.  256x128
+    ran conv8 and c3d_conv2 at 386 and 410 TFLOP/s (128x128: 360, 397; 256x64: 277, 266); on
+    c3d_conv3 (K 256) 128x256 ran 566 against 441 for 256x128.  Two consumer warpgroups where the
+    tile has 128 rows or more; ``DEFAULT_STAGES`` stages or as many as fit."""
+    device = as_device(device)
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
+    shapes = sorted(((block_m, block_n) for block_n in BLOCK_N_CHOICES if block_n <= widest
+                     for block_m in (256, 128, 64) if block_m * block_n <= MAX_CONSUMERS * WARPGROUP * MAX_ACCUMULATORS),
+                    key=lambda shape: (-shape[0] * shape[1], -shape[1]))
+    block_m, block_n = next((shape for shape in shapes if _tile_count(gemm_m, gemm_n, *shape) >= device.sm_count),
+                            shapes[-1])
+    warp_m = block_m if block_m == MMA_ROWS else block_m // MAX_CONSUMERS
+    fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": warp_m, "warp_n": block_n,
+              "stages": DEFAULT_STAGES, "wgmma": True}
+    while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
+        fields["stages"] -= 1
+    return fields
+
+
+def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
+    """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
+    warpgroups of 64 or 128 rows, ``TUNING_STAGES`` stages, where they fit."""
+    gemm_n = spec.k
+    widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
+    space = []
+    for block_n in (n for n in BLOCK_N_CHOICES if n <= widest):
+        for warp_m in (MMA_ROWS, 2 * MMA_ROWS):
+            for count in range(1, MAX_CONSUMERS + 1):
+                for stages in TUNING_STAGES:
+                    fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec),
+                              "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True}
+                    try:
+                        shape = _Shape(**fields)
+                        check_geometry(shape)
+                        check_tiles(spec, shape, device)
+                    except SpecError:
+                        continue
+                    space.append(fields)
+    return space
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The tile fields alone, for the checks and sizes before a ``MmaTiles`` exists."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warp_m: int
+    warp_n: int
+    stages: int
+    wgmma: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class WgmmaContext(ConvolutionContext):
+    """What ``implicit_gemm_wgmma.cu.j2`` reads.  Sizes are in elements unless named bytes."""
+
+    kernel: str
+    variant: str
+    mma: str
+    """f16 or bf16: the operand type of the MMA and of the epilogue's rounding."""
+    element: DType
+    element_bytes: int
+    BM: int
+    BN: int
+    BK: int
+    WM: int
+    consumers: int
+    m_blocks: int
+    """64-row MMAs of a consumer warpgroup."""
+    k_steps: int
+    """16-element MMA steps of a k-slice."""
+    threads: int
+    stages: int
+    register_split: tuple[int, int] | None
+    """``setmaxnreg`` registers of producer and consumer threads, or None (one consumer warpgroup)."""
+    slice_bytes: int
+    chunk_elements: int
+    """Elements of one 16-byte copy."""
+    producer_threads: int
+    chunks_per_row: int
+    rows_per_pass: int
+    """Rows the producer's threads copy together (thread t: chunk t % chunks_per_row of row t / chunks_per_row)."""
+    a_stage_bytes: int
+    b_stage_bytes: int
+    pixel_entry_bytes: int
+    shared_bytes: int
+    GEMM_M: int
+    GEMM_N: int
+    GEMM_K: int
+    k_tiles: int
+    n_tiles: int
+    tiles_total: int
+    grid_blocks: int
+    m_tail: bool
+    n_tail: bool
+    k_tail: bool
+    a_base: str
+    a_delta_c: str
+    a_origin: list[str]
+    a_checked: list[dict]
+    pixel_flag: bool
+    """No padded axis to check but a tile past M: the table's first slot says whether the pixel exists."""
+    pair_store: bool
+
+
+def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
+    """The persistent WGMMA kernel of ``spec`` with ``tiles`` on ``device`` (its SM count sizes the grid)."""
+    device = as_device(device)
+    check_tiles(spec, tiles, device)
+    alg = index.IndexAlgebra(spec)
+    gemm_m, gemm_n, gemm_k = gemm_sizes(alg)
+    terms = gemm_terms(alg, "image")
+    m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
+    tiles_total = m_tiles * n_tiles
+    grid_blocks = min(tiles_total, device.sm_count)
+    name = kernel_name(family.name, VARIANT, spec, tiles)
+    needed = shared_bytes(spec, tiles)
+    launch = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True)
+    itemsize = spec.dtype.itemsize
+    idx_t = index_type(spec, tiles)
+    pair_store = gemm_n % 2 == 0
+    m_tail = gemm_m % tiles.block_m != 0
+    chunk_elements = CHUNK_BYTES // itemsize
+    context = WgmmaContext(
+        **index.template_context(alg, _padded_rows(alg, tiles), column_matrix=False),
+        **convolution_selftest_context(alg),
+        kernel=name, variant=VARIANT, mma="f16" if spec.dtype is DType.float16 else "bf16", element=spec.dtype,
+        element_bytes=itemsize, BM=tiles.block_m, BN=tiles.block_n, BK=tiles.block_k, WM=tiles.warp_m,
+        consumers=consumers(tiles), m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
+        threads=threads(tiles), stages=tiles.stages,
+        register_split=REGISTER_SPLIT if consumers(tiles) == MAX_CONSUMERS else None,
+        slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS, chunks_per_row=SLICE_BYTES // CHUNK_BYTES,
+        rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // SLICE_BYTES,
+        a_stage_bytes=tiles.block_m * SLICE_BYTES, b_stage_bytes=tiles.block_n * SLICE_BYTES,
+        pixel_entry_bytes=PIXEL_TABLE[idx_t], shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n, GEMM_K=gemm_k,
+        k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, grid_blocks=grid_blocks,
+        m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
+        **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
+        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store,
+    )
+    buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
+               Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
+               Buffer("y", alg.output_shape, "out", itemsize * (2 if pair_store else 1), spec.dtype))
+    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=ARCH, arch_specific=True,
+                      tensor_cores=True, min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off "
+                      "for the portable mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
+

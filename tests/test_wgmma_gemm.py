@@ -1,0 +1,218 @@
+"""implicit_gemm's WGMMA kernel (codegen.families.wgmma_gemm) without a GPU: the chooser, the tiles and
+their refusals, NVRTC compiles for sm_90a (no warning, no spill), and the standalone file."""
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from codegen import api
+from codegen.api import check_arch, compile_plan
+from codegen.device import TARGETS
+from codegen.emit import build_flags, emit, emit_source
+from codegen.families import wgmma_gemm
+from codegen.families.mma_gemm import FAMILY, MmaTiles, check_tiles
+from codegen.fuzz import GEMM_RANGES, specs
+from codegen.render import render_kernels
+from codegen.spec import ConvSpec, Layout, SpecError, replace
+
+H100 = TARGETS["h100"]
+SPECS = {  # tails along M, N and K; padding, stride, dilation; a pitch past C; 3D; an odd K (single stores)
+    "2d-nhwc-odd": ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23), filter_size=3, stride=2,
+                            padding=1, dilation=(1, 2), dpitch=48, dtype="bfloat16"),
+    "2d-nhwc-conv8": ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=128, input_size=(30, 30), filter_size=3,
+                              dtype="float16"),
+    "3d-ndhwc": ConvSpec(dims=3, layout="NDHWC", n=1, c=16, k=40, input_size=(5, 9, 11), filter_size=3,
+                         stride=(1, 2, 1), padding=1, dtype="bfloat16"),
+    "3d-ndhwc-unpadded-tail": ConvSpec(dims=3, layout="NDHWC", n=1, c=8, k=24, input_size=(3, 7, 9),
+                                       filter_size=(1, 3, 2), dtype="float16"),
+}
+SHAPES = [  # (block_m, block_n, warp_m, stages): each block_n, one and two consumer warpgroups of 64 and 128 rows
+    (64, 32, 64, 2), (128, 32, 64, 3), (128, 64, 128, 4), (256, 128, 128, 4), (128, 256, 64, 4), (256, 64, 128, 5),
+]
+
+
+def _tiles(spec: ConvSpec, block_m: int, block_n: int, warp_m: int, stages: int) -> MmaTiles:
+    return MmaTiles(block_m=block_m, block_n=block_n, block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m,
+                    warp_n=block_n, stages=stages, wgmma=True)
+
+
+def _compiles_clean(spec: ConvSpec, tiles: MmaTiles) -> None:
+    kernel = compile_plan(FAMILY.plan(spec, tiles, H100), "sm_90")
+    assert kernel.compiled.arch == "sm_90a"
+    assert kernel.compiled.warnings == [], kernel.compiled.warnings
+    for resources in kernel.compiled.resources.values():
+        assert resources.spill_stores == 0 and resources.stack_bytes == 0, (tiles.describe(), spec.describe())
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_heuristic_kernels_compile_for_sm_90a_without_warnings_or_spills(name, cache_dir):
+    spec = SPECS[name]
+    tiles = FAMILY.heuristic_tiles(spec, H100)
+    assert tiles.wgmma
+    _compiles_clean(spec, tiles)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{n}-wm{w}-s{s}" for m, n, w, s in SHAPES])
+def test_every_tile_shape_compiles_without_warnings_or_spills(shape, cache_dir):
+    _compiles_clean(SPECS["2d-nhwc-odd"], _tiles(SPECS["2d-nhwc-odd"], *shape))
+
+
+def test_sixty_four_bit_indices_compile_without_spills(cache_dir):
+    """An image past 2^31 elements: the pixel table holds 64-bit base offsets."""
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=64, input_size=(4096, 4100), filter_size=3, padding=1,
+                    dtype="bfloat16")
+    tiles = FAMILY.heuristic_tiles(spec, H100)
+    assert FAMILY.plan(spec, tiles, H100).context.idx_t == "long long"
+    _compiles_clean(spec, tiles)
+
+
+def test_source_issues_warpgroup_mmas_from_swizzled_descriptors():
+    spec = SPECS["2d-nhwc-conv8"]
+    tiles = _tiles(spec, 256, 128, 128, 4)
+    plan = FAMILY.plan(spec, tiles, H100)
+    code = render_kernels(plan).code
+    assert "implicit_gemm / wgmma" in code and "spec:  2D NHWC n=2 c=64 k=128" in code and tiles.describe() in code
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in code and "(1ull << 62)" in code
+    assert "fence.proxy.async.shared::cta" in code and "cp.async.mbarrier.arrive.noinc" in code
+    assert plan.arch_specific and plan.min_arch == 90 and plan.launches[0].persistent
+    assert plan.launches[0].grid[0] == min(plan.context.tiles_total, H100.sm_count)
+
+
+def test_chooser_takes_wgmma_on_sm_90_and_mma_sync_elsewhere():
+    covered = SPECS["2d-nhwc-odd"]
+    assert api.plan("implicit_gemm", covered, target="h100").variant == "wgmma"
+    assert api.plan("implicit_gemm", covered, target="a100").variant == "mma"
+    assert api.plan("implicit_gemm", covered, target="b200").variant == "mma"   # wgmma is sm_90a's alone
+    for uncovered in (replace(covered, layout="NCHW", dpitch=None), replace(covered, c=5, dpitch=None),
+                      replace(covered, dpitch=44), replace(covered, dtype="float32", math="tf32")):
+        assert api.plan("implicit_gemm", uncovered, target="h100").variant == "mma", uncovered.describe()
+    assert FAMILY.default_tiles(covered, device=H100).wgmma is False   # the portable kernel stays the default
+
+
+@settings(max_examples=40)
+@given(spec=specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=300, max_elements=1 << 16, max_filter=5),
+       dtype=st.sampled_from(("float16", "bfloat16")), c=st.integers(1, 6), extra=st.integers(0, 2),
+       target=st.sampled_from(("h100", "h100-pcie", "h100,sm_count=16")))
+def test_heuristic_tiles_are_valid_for_every_covered_spec(spec, dtype, c, extra, target):
+    spec = replace(spec, c=8 * c, dpitch=8 * (c + extra), dtype=dtype)
+    card = api.resolve_device(target, None)
+    tiles = FAMILY.heuristic_tiles(spec, card)
+    assert tiles.wgmma
+    check_tiles(spec, tiles, card)
+    plan = FAMILY.plan(spec, tiles, card)
+    assert plan.launches[0].grid[0] <= card.sm_count
+    render_kernels(plan)
+
+
+def test_heuristic_fills_the_sms_before_growing_the_tile():
+    conv12 = ConvSpec(dims=2, layout="NHWC", n=128, c=512, k=512, input_size=(7, 7), filter_size=3, dtype="bfloat16")
+    conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3,
+                     dtype="bfloat16")
+    c3d_conv3 = ConvSpec(dims=3, layout="NDHWC", n=8, c=128, k=256, input_size=(8, 28, 28), filter_size=3,
+                         padding=1, dtype="bfloat16")
+    assert (FAMILY.heuristic_tiles(conv8, H100).block_m, FAMILY.heuristic_tiles(conv8, H100).block_n) == (256, 128)
+    assert (FAMILY.heuristic_tiles(c3d_conv3, H100).block_m, FAMILY.heuristic_tiles(c3d_conv3, H100).block_n) == (128, 256)
+    tiles = FAMILY.heuristic_tiles(conv12, H100)
+    assert -(-3200 // tiles.block_m) * -(-512 // tiles.block_n) >= H100.sm_count
+
+
+def test_tiles_name_wgmma_only_where_set():
+    """The mma.sync kernels keep the records and names (a hash of the tiles' description) they had before the field."""
+    assert "wgmma" not in MmaTiles().to_dict() and MmaTiles.from_dict(MmaTiles().to_dict()) == MmaTiles()
+    assert MmaTiles().describe() == "block_m=128 block_n=128 block_k=32 warp_m=64 warp_n=64 stages=3"
+    assert _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).describe().endswith("wgmma=True")
+
+
+@pytest.mark.parametrize("tiles, field", [
+    ({"warp_m": 32}, "tiles.warp_m"),
+    ({"block_n": 128, "warp_n": 64}, "tiles.warp_n"),
+    ({"block_m": 256, "warp_m": 64}, "tiles.block_m"),
+    ({"block_n": 16, "warp_n": 16}, "tiles.block_n"),
+    ({"block_m": 256, "warp_m": 128, "block_n": 256, "warp_n": 256}, "tiles.warp_n"),
+])
+def test_tile_geometry_errors_name_the_field(tiles, field):
+    base = {"block_m": 128, "block_n": 64, "block_k": 64, "warp_m": 64, "warp_n": 64, "stages": 3, "wgmma": True}
+    with pytest.raises(SpecError) as error:
+        MmaTiles.from_dict({**base, **tiles})
+    assert error.value.field == field
+
+
+def test_mma_sync_warps_refuse_a_warpgroup_s_width():
+    with pytest.raises(SpecError) as error:
+        MmaTiles(block_m=16, block_n=256, warp_m=16, warp_n=256)
+    assert error.value.field == "tiles.warp_n"
+
+
+@pytest.mark.parametrize("requested, field", [
+    ({"block_k": 32}, "tiles.block_k"),
+    ({"block_m": 256, "block_n": 128, "stages": 6}, "tiles.stages"),
+])
+def test_spec_dependent_tile_errors_name_the_field(requested, field):
+    with pytest.raises(SpecError) as error:
+        api.plan("implicit_gemm", SPECS["2d-nhwc-conv8"], {"wgmma": True, **requested}, target="h100")
+    assert error.value.field == field
+
+
+@pytest.mark.parametrize("target", ["a100", "l40s", "b200"])
+def test_wgmma_asked_for_below_or_beside_sm_90_is_refused_before_compiling(target):
+    with pytest.raises(SpecError) as error:
+        api.plan("implicit_gemm", SPECS["2d-nhwc-odd"], {"wgmma": True}, target=target)
+    assert error.value.field == "tiles.wgmma" and error.value.value is True
+    assert "sm_90" in error.value.allowed and "mma.sync" in error.value.allowed
+
+
+@pytest.mark.parametrize("change", [{"layout": "NCHW", "dpitch": None}, {"c": 12, "dpitch": None},
+                                    {"dtype": "float32", "math": "tf32"}])
+def test_wgmma_asked_for_on_a_spec_it_does_not_cover_is_refused(change):
+    spec = replace(SPECS["2d-nhwc-odd"], **change)
+    with pytest.raises(SpecError) as error:
+        api.plan("implicit_gemm", spec, {"wgmma": True}, target="h100")
+    assert error.value.field == "tiles.wgmma" and "channels-last" in error.value.allowed
+
+
+def test_a_wgmma_plan_compiled_for_an_older_arch_is_refused():
+    plan = FAMILY.plan(SPECS["2d-nhwc-odd"], FAMILY.heuristic_tiles(SPECS["2d-nhwc-odd"], H100), H100)
+    with pytest.raises(SpecError) as error:
+        check_arch(plan, "sm_80")
+    assert error.value.field == "arch" and "sm_90" in error.value.allowed
+
+
+def test_tuning_space_holds_valid_wgmma_tiles_on_sm_90():
+    spec = SPECS["2d-nhwc-conv8"]
+    wgmma = [t for t in FAMILY.tuning_space(spec) if t.get("wgmma")]
+    assert {(t["block_m"], t["block_n"]) for t in wgmma} >= {(256, 128), (128, 128), (64, 64)}
+    for fields in wgmma:
+        check_tiles(spec, MmaTiles.from_dict(fields), H100)
+    assert not [t for t in FAMILY.tuning_space(replace(spec, layout="NCHW", dpitch=None)) if t.get("wgmma")]
+
+
+def test_emitted_file_names_sm_90a_and_its_variant():
+    text = emit_source("implicit_gemm", SPECS["3d-ndhwc"], launcher="conv")
+    assert build_flags(text) == ["-gencode", "arch=compute_90a,code=sm_90a"]
+    assert "implicit_gemm / wgmma" in text and "wgmma.mma_async" in text
+    assert 'extern "C" cudaError_t conv(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y' in text
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", ["2d-nhwc-odd", "3d-ndhwc", "2d-nhwc-conv8"])
+def test_emitted_file_builds_with_plain_nvcc_without_warnings(name, tmp_path):
+    path = emit("implicit_gemm", SPECS[name], tmp_path / f"{name}.cu")
+    built = subprocess.run(["nvcc", *build_flags(path.read_text()), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
+                            "-DCONVGEN_BENCH", "-c", str(path), "-o", str(tmp_path / f"{name}.o")],
+                           capture_output=True, text=True)
+    assert built.returncode == 0 and not built.stderr.strip(), built.stderr
+
+
+@settings(max_examples=6)
+@given(spec=specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=GEMM_RANGES["max_k"], max_elements=1 << 16,
+                  max_filter=3), c=st.integers(1, 5), shape=st.sampled_from(SHAPES))
+def test_random_specs_and_tiles_compile_without_warnings(spec, c, shape):
+    spec = replace(spec, c=8 * c, dpitch=8 * c, dtype="bfloat16")
+    tiles = _tiles(spec, *shape)
+    try:
+        check_tiles(spec, tiles, H100)
+    except SpecError:
+        assume(False)
+    _compiles_clean(spec, tiles)
