@@ -122,10 +122,9 @@ class Kernel:
         return self.plan.spec
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
-        expected = self.plan.inputs
-        if len(inputs) != len(expected):
-            names = ", ".join(b.name for b in expected)
-            raise LaunchError(f"{self.plan.family} takes {len(expected)} input(s) ({names}); got {len(inputs)}")
+        if len(inputs) != len(self._call_names) - 1:
+            names = ", ".join(self._call_names[:-1])
+            raise LaunchError(f"{self.plan.family} takes {len(self._call_names) - 1} input(s) ({names}); got {len(inputs)}")
         if _all_torch_tensors(inputs, out):
             return self._call_torch(inputs, out)
         if _kind(inputs[0]) != "torch":
@@ -339,11 +338,12 @@ def torch_dtype(dtype: DType):
 
 def _all_torch_tensors(inputs: tuple, out: Any) -> bool:
     """Whether a call passes PyTorch tensors alone (``out`` too, where given)."""
-    if _kind(inputs[0]) != "torch":
+    if not type(inputs[0]).__module__.startswith("torch"):
         return False
     import torch
 
-    return all(isinstance(t, torch.Tensor) for t in (*inputs, *(() if out is None else (out,))))
+    tensor = torch.Tensor
+    return all([isinstance(t, tensor) for t in inputs]) and (out is None or isinstance(out, tensor))
 
 
 def _as_torch(result) -> Any:
