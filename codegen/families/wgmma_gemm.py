@@ -17,8 +17,8 @@ and this one's retired.  The FP32 accumulators are rounded once, in the epilogue
 registers while the producer already fills the next tile's slices.
 
 A pixel's base offset and padded-axis origins are computed once per tile into a shared table
-(``PIXEL_TABLE``): the producer's few registers (``REGISTER_SPLIT``) could not hold them for the
-16 rows a thread copies.
+(``pixel_entry_bytes``): the producer's few registers (``REGISTER_SPLIT``) could not hold them for
+the 16 rows a thread copies.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Any
 
 from codegen import index
 from codegen.device import Device, as_device
-from codegen.families.base import Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context, kernel_name
+from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context,
+                                   kernel_name)
 from codegen.spec import ConvSpec, DType, SpecError
 from codegen.terms.gemm import gemm_sizes, gemm_terms
 
@@ -54,9 +55,10 @@ TUNING_STAGES = (2, 3, 4)
 REGISTER_SPLIT = (56, 224)
 """``setmaxnreg`` registers of a producer and a consumer thread with two consumer warpgroups
 (384 threads, 64,512 of the 65,536): at 40 the producer spilled 4 bytes on 256-channel tiles."""
-PIXEL_TABLE = {"int": 16, "long long": 32}
-"""Bytes of a pixel's table entry by index type: its base offset and three int slots (the origins of
-the padded axes, or whether the pixel exists)."""
+TABLE_REGISTERS = 32
+"""Registers a producer thread gives the table entries it loads before their copies (of its 56)."""
+PIXEL_ENTRY_ALIGNMENT = 16
+"""A pixel's table entry is 16-byte aligned, so that one shared load reads it."""
 DEFAULT_STAGES = 4
 """H100, BF16 256x128 tiles: 4 stages ran conv8 8 % faster than 3 (c3d_conv2 3 % slower)."""
 
@@ -137,11 +139,31 @@ def _padded_rows(alg: index.IndexAlgebra, tiles) -> int:
     return -(-alg.cols // tiles.block_m) * tiles.block_m
 
 
+def _slots(spec: ConvSpec, tiles) -> int:
+    """A pixel's int slots: its origin on each padded axis, or where no axis is padded but the last
+    tile passes M, one saying whether the pixel exists."""
+    return sum(1 for p in spec.padding if p > 0) or (1 if index.IndexAlgebra(spec).cols % tiles.block_m else 0)
+
+
+def pixel_entry_bytes(spec: ConvSpec, tiles) -> int:
+    """A pixel's table entry: its base offset (4 or 8 bytes) and its slots, 16-byte aligned."""
+    size = (8 if index_type(spec, tiles) == "long long" else 4) + 4 * _slots(spec, tiles)
+    return -(-size // PIXEL_ENTRY_ALIGNMENT) * PIXEL_ENTRY_ALIGNMENT
+
+
+def table_batch(spec: ConvSpec, tiles) -> int:
+    """Entries a producer thread loads before issuing their copies: as many of its rows as
+    ``TABLE_REGISTERS`` hold (a power of two, so that they divide the rows)."""
+    rows = tiles.block_m // (PRODUCER_THREADS * CHUNK_BYTES // SLICE_BYTES)
+    entry_registers = (2 if index_type(spec, tiles) == "long long" else 1) + _slots(spec, tiles)
+    return min(rows, 1 << ((TABLE_REGISTERS // entry_registers).bit_length() - 1))
+
+
 def shared_bytes(spec: ConvSpec, tiles) -> int:
     """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B, the pixel table
     and the full and empty mbarriers."""
-    entry = PIXEL_TABLE[index_type(spec, tiles)]
-    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES + tiles.block_m * entry + 16 * tiles.stages
+    return (1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES
+            + tiles.block_m * pixel_entry_bytes(spec, tiles) + 16 * tiles.stages)
 
 
 def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
@@ -158,8 +180,9 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     device = as_device(device)
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
+    largest = MAX_CONSUMERS * WARPGROUP * MAX_ACCUMULATORS
     shapes = sorted(((block_m, block_n) for block_n in BLOCK_N_CHOICES if block_n <= widest
-                     for block_m in (256, 128, 64) if block_m * block_n <= MAX_CONSUMERS * WARPGROUP * MAX_ACCUMULATORS),
+                     for block_m in (256, 128, 64) if block_m * block_n <= largest),
                     key=lambda shape: (-shape[0] * shape[1], -shape[1]))
     block_m, block_n = next((shape for shape in shapes if _tile_count(gemm_m, gemm_n, *shape) >= device.sm_count),
                             shapes[-1])
@@ -236,6 +259,8 @@ class WgmmaContext(ConvolutionContext):
     chunks_per_row: int
     rows_per_pass: int
     """Rows the producer's threads copy together (thread t: chunk t % chunks_per_row of row t / chunks_per_row)."""
+    table_batch: int
+    """Pixel-table entries a producer thread loads before issuing their copies."""
     a_stage_bytes: int
     b_stage_bytes: int
     pixel_entry_bytes: int
@@ -273,7 +298,6 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     needed = shared_bytes(spec, tiles)
     launch = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True)
     itemsize = spec.dtype.itemsize
-    idx_t = index_type(spec, tiles)
     pair_store = gemm_n % 2 == 0
     m_tail = gemm_m % tiles.block_m != 0
     chunk_elements = CHUNK_BYTES // itemsize
@@ -285,10 +309,13 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         consumers=consumers(tiles), m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
         threads=threads(tiles), stages=tiles.stages,
         register_split=REGISTER_SPLIT if consumers(tiles) == MAX_CONSUMERS else None,
-        slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS, chunks_per_row=SLICE_BYTES // CHUNK_BYTES,
+        slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS,
+        chunks_per_row=SLICE_BYTES // CHUNK_BYTES,
         rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // SLICE_BYTES,
+        table_batch=table_batch(spec, tiles),
         a_stage_bytes=tiles.block_m * SLICE_BYTES, b_stage_bytes=tiles.block_n * SLICE_BYTES,
-        pixel_entry_bytes=PIXEL_TABLE[idx_t], shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n, GEMM_K=gemm_k,
+        pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
+        GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
