@@ -100,7 +100,7 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
 
     def prepare(family: str, variant: str, tiles, ablated: str | None = None, run_spec: ConvSpec = spec) -> dict:
         row = {**common, "family": family, "variant": variant, "ablation": ablated,
-               "build_choice": variant in ("heuristic", "tma") and tiles == built_by_default.get(family)}
+               "build_choice": variant in ("heuristic", "tma", "wgmma") and tiles == built_by_default.get(family)}
         try:
             kernel = build(family, run_spec, tiles)
         except SpecError as err:
@@ -140,6 +140,8 @@ def bench_layer(spec: ConvSpec, label: str, repeats: int, families=CONV_FAMILIES
             groups.append([within_cudnn()])
         if family == "implicit_gemm" and not tensor_cores and gemm_heuristic.tma_suits(spec):
             groups.append([prepare(family, "tma", gemm_heuristic.tma_tiles(spec).to_dict())])
+        if family == "implicit_gemm" and built_by_default[family].get("wgmma"):
+            groups.append([prepare(family, "wgmma", built_by_default[family])])
         if tuned and family in ("implicit_gemm", "im2win"):
             recorded = tuned_tiles(family, spec)
             groups.append([prepare(family, "tuned", recorded) if recorded else
@@ -213,12 +215,13 @@ def bench_conv(out_dir: Path = Path("bench-out"), repeats: int = 10, layouts=("N
     return results
 
 
-SERIES = ("heuristic", "tma", "fma", "tuned", WITHIN_CUDNN)
+SERIES = ("heuristic", "tma", "wgmma", "fma", "tuned", WITHIN_CUDNN)
 """The rows a family can have per layer, in column order: its heuristic kernel, the implicit GEMM's
-TMA kernel (layers it takes, channels-first ones with A gathered), the FMA kernel beside a tf32 or
+TMA kernel (layers it takes, channels-first ones with A gathered), its WGMMA kernel (16-bit
+channels-last layers on sm_90, where build() takes it), the FMA kernel beside a tf32 or
 3xtf32 run, the tuning database's choice,
 and im2win held to cuDNN's extra memory."""
-HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "fma": "(fp32 fma)", "tuned": "(tuned)",
+HEADINGS = {"heuristic": "{family}", "tma": "(tma)", "wgmma": "(wgmma)", "fma": "(fp32 fma)", "tuned": "(tuned)",
             WITHIN_CUDNN: "(<=cuDNN MiB)"}
 ALGORITHM_CELLS = {"GEMM": "gemm", "FFT": "fft", "Winograd": "wino", "unknown": "?"}
 """``cudnn.cudnn_algorithm``'s answers as the table's ``alg`` column shows them."""
@@ -375,7 +378,7 @@ def plot(results: list[dict], path: Path, source: str = "shapes.json") -> bool:
     algorithm = {(r["layer"], r["layout"]): r.get("cudnn_algorithm", "unknown") for r in results}
     labels = [f"{layer}\n{layout}" + ("" if algorithm[layer, layout] in ("GEMM", "unknown")
                                       else f"\ncuDNN {algorithm[layer, layout]}") for layer, layout in keys]
-    families = [(f, v) for f in CONV_FAMILIES for v in ("heuristic", "tma", "fma", WITHIN_CUDNN)
+    families = [(f, v) for f in CONV_FAMILIES for v in ("heuristic", "tma", "wgmma", "fma", WITHIN_CUDNN)
                 if any(r["family"] == f and _series(r) == v for r in main)]
     ablation = [r for r in results if r["ablation"] and "ms" in r]
     panels = 3 if ablation else 2          # --no-ablation: no Figure 4 panel
