@@ -111,8 +111,12 @@ class Launcher:
     def _launch(self, recipe: LaunchRecipe, pointers: dict[str, int], stream: int) -> None:
         values = recipe.values_type(*[pointers[name] + offset for name, offset in recipe.parameters])
         base = ctypes.addressof(values)
-        maps = [self._tensor_map(m, pointers[m.buffer]) for m in recipe.tensor_maps]
-        parameters = recipe.addresses_type(*[ctypes.addressof(m) for m in maps], *[base + slot for slot in recipe.slots])
+        if recipe.tensor_maps:
+            maps = [self._tensor_map(m, pointers[m.buffer]) for m in recipe.tensor_maps]
+            parameters = recipe.addresses_type(*[ctypes.addressof(m) for m in maps],
+                                               *[base + slot for slot in recipe.slots])
+        else:
+            parameters = recipe.addresses_type(*[base + slot for slot in recipe.slots])
         launch_kernel(recipe.function, *recipe.grid, *recipe.block, recipe.shared_bytes, stream,
                       ctypes.addressof(parameters), 0)
 
