@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codegen.families.direct import convolution_reference
+from codegen.reference import convolution_reference
 from codegen.spec import ConvSpec, DType, MathMode
 
 NAN = {DType.float32: np.float32(np.nan), DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0)}

@@ -46,7 +46,7 @@ from codegen import index
 from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch, TensorMap,
                                    convolution_selftest_context, grid_for, kernel_name)
-from codegen.families.im2col import column_matrix_reference
+from codegen.reference import convolution_reference
 from codegen.spec import ConvSpec, SpecError
 from codegen.terms.direct import tile_terms
 from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
@@ -115,21 +115,6 @@ class DirectTiles(Tiles):
         TileParam("resident_blocks", "tiled_tma: persistent blocks per SM (the grid is the target's SMs times this; each "
                   "block walks the tiles)", minimum=1, maximum=8),
     )
-
-
-def convolution_reference(spec: ConvSpec, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """float64 convolution as filter matrix x column matrix (the slicing im2col, not the sympy maps)."""
-    alg = index.IndexAlgebra(spec)
-    col = column_matrix_reference(spec, x)
-    w = np.asarray(w, dtype=np.float64)
-    if spec.layout.channels_last:
-        matrix = w.reshape(spec.k, alg.taps * spec.c)          # rows of col: (taps, c)
-    else:
-        matrix = w.reshape(spec.k, spec.c * alg.taps)          # rows of col: (c, taps)
-    out = (matrix @ col).reshape(spec.k, spec.n, *alg.out_size)
-    if spec.layout.channels_last:
-        return np.moveaxis(out, 0, -1)
-    return np.moveaxis(out, 0, 1)
 
 
 def _filter_bytes(alg: index.IndexAlgebra) -> int:

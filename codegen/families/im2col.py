@@ -27,6 +27,7 @@ import numpy as np
 from codegen import index
 from codegen.device import Device
 from codegen.families.base import Buffer, Family, IndexContext, KernelPlan, Launch, grid_for, kernel_name
+from codegen.reference import column_matrix_reference
 from codegen.spec import ConvSpec, SpecError
 from codegen.tiles import TileParam, Tiles, check_block, check_shared
 
@@ -103,30 +104,6 @@ class Im2colContext(IndexContext):
 
 def vector_eligible(spec: ConvSpec) -> bool:
     return spec.layout.channels_last and spec.pitch % 4 == 0
-
-
-def column_matrix_reference(spec: ConvSpec, x: np.ndarray) -> np.ndarray:
-    """im2col in float64 by slicing a zero-padded image, one strided slice per tap."""
-    x = np.asarray(x, dtype=np.float64)
-    if spec.layout.channels_last:
-        x = np.moveaxis(x[..., : spec.c], -1, 1)
-    pad = [(0, 0), (0, 0)] + [(p, p) for p in spec.padding]
-    xp = np.pad(x, pad)
-    out = index.output_size(spec)
-    taps = []
-    for tap in np.ndindex(*spec.filter_size):
-        window = tuple(
-            slice(k * d, k * d + (o - 1) * s + 1, s)
-            for k, d, o, s in zip(tap, spec.dilation, out, spec.stride)
-        )
-        taps.append(xp[(slice(None), slice(None)) + window])
-    stacked = np.stack(taps, axis=2)
-    stacked = stacked.reshape(spec.n, spec.c, len(taps), -1)
-    if spec.layout.channels_last:
-        matrix = stacked.transpose(2, 1, 0, 3)
-    else:
-        matrix = stacked.transpose(1, 2, 0, 3)
-    return matrix.reshape(spec.c * len(taps), -1)
 
 
 class Im2col(Family):
