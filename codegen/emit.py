@@ -6,7 +6,6 @@ import os
 import re
 from pathlib import Path
 
-from codegen import precision
 from codegen.api import check_arch, plan as make_plan
 from codegen.compile import DEFAULT_ARCH
 from codegen.device import Device
@@ -144,14 +143,16 @@ def powers_of_two(value: float) -> str:
 
 
 def selftest_precision(kernel_plan) -> dict | None:
-    """What the self-test of a tensor-core kernel needs beyond the FP32 one (None for float32 with
-    math fma, whose self-test keeps its fixed relative tolerance): the storage type and its
-    conversions, and ``codegen.precision``'s error model for the spec's dtype and math mode, its
-    constants rendered into the file so that the file and the GPU tests hold outputs to one bound."""
+    """What the self-test of a kernel on other than plain FP32 needs beyond the FP32 one (None for
+    float32 with math fma, whose self-test keeps its fixed relative tolerance): the storage type and
+    its conversions, and ``codegen.precision``'s error model for the spec's dtype and math mode (the
+    family's: ``Family.roundoff``), its constants rendered into the file so that the file and the
+    GPU tests hold outputs to one bound."""
     spec = kernel_plan.spec
     if not uses_tensor_cores(spec.dtype, spec.math):
         return None
-    roundoff = precision.unit_roundoff(spec.dtype, spec.math)
+    family = get_family(kernel_plan.family, spec)
+    roundoff = family.roundoff(spec)
     constants = {"e_mul": roundoff.product, "e_acc": roundoff.accumulation, "u_out": roundoff.output,
                  "eta_out": roundoff.output_absolute}
     storage = STORAGE.get(spec.dtype)
@@ -161,7 +162,11 @@ def selftest_precision(kernel_plan) -> dict | None:
         "c_type": spec.dtype.c_type,
         "sixteen_bit": storage is not None,
         **(storage or {"header": None, "from_float": None, "to_float": None}),
-        "products": PRODUCTS[spec.dtype, spec.math],
+        "tensor_cores": kernel_plan.tensor_cores,
+        "convolution": family.convolution,
+        "exact": not any(constants.values()),
+        "products": (PRODUCTS[spec.dtype, spec.math] if kernel_plan.tensor_cores
+                     else f"{spec.dtype.short_name.upper()} products on the FMA pipe (exact in FP32)"),
         "terms": kernel_plan.context.reference_terms,
         "products_per_term": roundoff.products_per_term,
         "constants": {name: c_double(value) for name, value in constants.items()},

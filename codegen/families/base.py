@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import sympy
 
-from codegen import index, launch_limits
+from codegen import index, launch_limits, precision
 from codegen.device import Device
 from codegen.index import IndexAlgebra
 from codegen.spec import ConvSpec, DType, MathMode, SpecError, uses_tensor_cores
@@ -277,16 +277,19 @@ class KernelPlan:
     """The template whose ``kernels()`` holds the plan's kernels; empty: ``<family>.cu.j2``.  A
     family whose kernels are of different kinds keeps each in its own (implicit_gemm's TMA kernel)."""
     tensor_cores: bool = False
-    """The kernels multiply on tensor cores: what a float16, bfloat16, tf32 or 3xtf32 spec needs."""
+    """The kernels multiply on tensor cores: what a tf32 or 3xtf32 spec needs, and the GEMM families'
+    float16 and bfloat16; the memory-bound families run 16-bit data on the FMA pipe, widened to FP32."""
 
     def __post_init__(self) -> None:
         if not self.template:
             object.__setattr__(self, "template", f"{self.family}.cu.j2")
-        if uses_tensor_cores(self.spec.dtype, self.spec.math) != self.tensor_cores:
+        runs = (uses_tensor_cores(self.spec.dtype, self.spec.math) if self.tensor_cores
+                else not self.spec.math.tensor_cores)
+        if not runs:
             field_name, value = ("math", self.spec.math.value) if self.spec.dtype is DType.float32 else (
                 "dtype", self.spec.dtype.value)
             raise SpecError(field_name, value, f"{self.family}'s {self.variant} kernel runs "
-                            f"{'tensor-core' if self.tensor_cores else 'float32 fma'} specs only")
+                            f"{'tensor-core' if self.tensor_cores else 'math=fma'} specs only")
         wrong = next((b for b in self.buffers if b.role != "workspace" and b.dtype is not self.spec.dtype), None)
         if wrong is not None:
             raise SpecError("dtype", self.spec.dtype.value, f"{self.family}'s buffer {wrong.name} holds "
@@ -408,6 +411,8 @@ class Family:
     summary: ClassVar[str]
     convolution: ClassVar[bool] = True
     """Whether the output is the convolution (its speed is counted in FLOPs), not a transform."""
+    dtypes: ClassVar[tuple[DType, ...]] = (DType.float32,)
+    """The element types the family's FMA-pipe kernels store; they compute in FP32 whatever the type."""
 
     def for_spec(self, spec: ConvSpec) -> "Family":
         """The family object whose kernels run ``spec``: itself, unless a family keeps a separate
@@ -416,8 +421,8 @@ class Family:
 
     def check_precision(self, spec: ConvSpec) -> None:
         """Refuse, naming the field, a dtype or math mode this family has no kernel for (before any
-        tile is chosen or source rendered).  The FP32 families run float32 on the FMA pipe only."""
-        if spec.dtype is not DType.float32:
+        tile is chosen or source rendered).  The families run their ``dtypes`` on the FMA pipe only."""
+        if spec.dtype not in self.dtypes:
             raise SpecError("dtype", spec.dtype.value, f"{self.name} runs float32 only; float16 and bfloat16 "
                             "run in implicit_gemm (tensor cores, sm_80 and newer)")
         if spec.math is not MathMode.fma:
@@ -475,9 +480,20 @@ class Family:
         raise NotImplementedError
 
     def make_inputs(self, spec: ConvSpec, rng: np.random.Generator) -> list[np.ndarray]:
-        """Random (never zero) float32 inputs of the plan's input shapes, for tests and benchmarks."""
+        """Random (never zero) inputs of the plan's input shapes in [-1, 1), stored as the kernel
+        takes them (bfloat16 as uint16 bits), for tests and benchmarks."""
         plan = self.plan(spec, self.default_tiles(spec))
-        return [rng.uniform(-1.0, 1.0, size=b.shape).astype(np.float32) for b in plan.inputs]
+        return [precision.to_storage(rng.uniform(-1.0, 1.0, size=b.shape), spec.dtype) for b in plan.inputs]
+
+    def roundoff(self, spec: ConvSpec) -> precision.Roundoff:
+        """The unit roundoffs that this family's outputs are held to where the spec is not plain
+        FP32: the spec's dtype's and math mode's, unless the family computes nothing (a copy is exact)."""
+        return precision.unit_roundoff(spec.dtype, spec.math)
+
+    def error_bound(self, spec: ConvSpec, inputs) -> np.ndarray:
+        """The bound on |result - reference| of every output of a spec that is not plain FP32, for
+        the stored ``inputs`` (``make_inputs``): the convolution's (``codegen.precision.error_bound``)."""
+        return precision.error_bound(spec, *inputs[:2])
 
     def algebra(self, spec: ConvSpec) -> IndexAlgebra:
         return IndexAlgebra(spec)
