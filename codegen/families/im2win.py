@@ -15,6 +15,11 @@ Extra memory: the im2win tensor (workspace ``win``) of ``batch_chunk`` images.  
 transform and the GEMM once per chunk of the batch, reusing one chunk's tensor, as PyTorch's
 unfold path and our ``im2col_gemm`` bound their column matrix; the whole batch's tensor is 3.5x
 the input for 7x7 stride-2 filters (5.3 GB on conv4).
+
+float32 only (``Im2win.check_precision``): the GEMM core multiplies FP32 operands from an FP32 window
+tensor and writes FP32 outputs.  A 16-bit transform would only feed that core widened data, and a
+16-bit spec's filter and output would still need a 16-bit GEMM; float16 and bfloat16 convolutions
+run in implicit_gemm (tensor cores) and direct.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from codegen.families import gemm_heuristic, gemm_loop, gemm_tiles, gemm_tuning
 from codegen.families.base import (Buffer, Family, KernelPlan, Launch, chunk_spec, convolution_selftest_context,
                                    grid_for, kernel_name, largest_batch_chunk)
 from codegen.families.direct import convolution_reference
-from codegen.spec import ConvSpec, replace
+from codegen.spec import ConvSpec, DType, SpecError, replace
 from codegen.terms.gemm import gemm_terms
 from codegen.terms.im2win import window_tensor_shape, window_transform_terms, window_width
 from codegen.tiles import TileParam
@@ -114,6 +119,14 @@ class Im2win(Family):
     template = "im2win.cu.j2"
     tiles_type = Im2winTiles
     summary = "im2win convolution: window-order transform, then a tiled, double-buffered micro-kernel GEMM, in batch chunks"
+
+    def check_precision(self, spec: ConvSpec) -> None:
+        """float32 with math fma only, naming why: the window tensor feeds an FP32 FMA GEMM core."""
+        if spec.dtype is not DType.float32:
+            raise SpecError("dtype", spec.dtype.value, "im2win runs float32 only: its GEMM core multiplies FP32 "
+                            "operands read from an FP32 window tensor; float16 and bfloat16 run in implicit_gemm "
+                            "(tensor cores, sm_80 and newer) and direct")
+        super().check_precision(spec)
 
     def default_tiles(self, spec: ConvSpec, budget: int = WINDOW_BUDGET, *,
                       device: Device | str | None = None) -> Im2winTiles:
