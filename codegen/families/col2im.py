@@ -9,6 +9,10 @@ The column matrix is the one im2col writes (see codegen/families/im2col.py).  Tw
 - ``scatter``: one thread per (channel, column) adds its entries into the image with atomics;
   the launcher zeroes the image first.  Summation order varies from run to run.
 Channels-last padding lanes (c >= C) come out as zeros from both.
+
+float16 and bfloat16 (``Col2im.dtypes``) run in the gather kernels: each element's entries are
+widened to FP32, summed there and rounded once, so the result is within ``Col2im.error_bound`` of
+the exact sum.  Scatter is refused for them: its atomics would round every partial sum.
 """
 from __future__ import annotations
 
@@ -18,10 +22,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from codegen import index
+from codegen import index, precision
 from codegen.device import Device
 from codegen.families.base import Buffer, Family, IndexContext, KernelPlan, Launch, grid_for, kernel_name
-from codegen.spec import ConvSpec
+from codegen.spec import ConvSpec, DType, SpecError
 from codegen.tiles import TileParam, Tiles, check_block
 
 
@@ -60,6 +64,7 @@ class Col2imContext(IndexContext):
     variant: Col2imVariant
     kernel: str
     block_threads: int
+    dtype: DType
     reference_terms: int
     """Column entries the self-test's host reference sums per image element: one per tap."""
 
@@ -96,6 +101,7 @@ class Col2im(Family):
     tiles_type = Col2imTiles
     summary = "column matrix -> image: deterministic gather or atomic scatter"
     convolution = False
+    dtypes = tuple(DType)
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Col2imTiles:
         return Col2imTiles()
@@ -103,6 +109,10 @@ class Col2im(Family):
     def plan(self, spec: ConvSpec, tiles: Col2imTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
         if Col2imAlgorithm(tiles.algorithm) is Col2imAlgorithm.SCATTER:
+            if spec.dtype is not DType.float32:
+                raise SpecError("tiles.algorithm", tiles.algorithm, f"adds into the image with atomics, which in "
+                                f"{spec.dtype.value} would round every partial sum; gather (the default) sums each "
+                                "element in FP32 and rounds it once")
             variant = Col2imVariant.SCATTER
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
@@ -122,14 +132,26 @@ class Col2im(Family):
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
         launch = Launch(kernel_name(self.name, variant.value, spec, tiles), grid, block)
         context = Col2imContext(**index.template_context(alg, launch.threads), variant=variant, kernel=launch.kernel,
-                                block_threads=block[0] * block[1], reference_terms=alg.taps)
-        buffers = (Buffer("col", alg.col_shape, "in"), Buffer("image", alg.image_shape, "out"))
+                                block_threads=block[0] * block[1], dtype=spec.dtype, reference_terms=alg.taps)
+        itemsize = spec.dtype.itemsize
+        buffers = (Buffer("col", alg.col_shape, "in", itemsize, spec.dtype),
+                   Buffer("image", alg.image_shape, "out", itemsize, spec.dtype))
         return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context,
                           zero_output=variant is Col2imVariant.SCATTER)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         (col,) = inputs
-        return image_reference(spec, col)
+        return image_reference(spec, precision.from_storage(col, spec.dtype))
+
+    def error_bound(self, spec: ConvSpec, inputs) -> np.ndarray:
+        """``codegen.precision``'s model for a sum of at most L = taps entries, each exact in FP32:
+        |y - y*| <= E + u_out (|y*| + E) + eta_out, E = e_acc L S, for the exact sum y* and the
+        sum S of the entries' magnitudes."""
+        col = precision.from_storage(inputs[0], spec.dtype)
+        roundoff = self.roundoff(spec)
+        accumulated = roundoff.accumulation * self.algebra(spec).taps * image_reference(spec, np.abs(col))
+        return (accumulated + roundoff.output * (np.abs(image_reference(spec, col)) + accumulated)
+                + roundoff.output_absolute)
 
 
 FAMILY = Col2im()

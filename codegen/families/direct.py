@@ -30,6 +30,12 @@ spec's layout with K channels.  Six variants, chosen by the ``variant`` tile:
   barrier.  Channels-first layouts, stride 1 along H and W, W a multiple of 4.
 
 Tile sizes, filter size, stride, padding and dilation are compile-time constants of the kernel.
+
+float16 and bfloat16 (``Direct.dtypes``) run in every variant but tiled_tma: inputs and filter are
+widened to FP32 as they are read, the sums accumulate in FP32 and each output is rounded once.
+tiled_register loads its input rows through registers, 16 bytes (8 elements) at a time where W
+allows, widening them into its FP32 shared tiles (cp.async copies 4 bytes at least and cannot
+widen); its 4-output stores are 8 bytes.  tiled_tma's boxes are FP32 tensor-map copies.
 """
 from __future__ import annotations
 
@@ -42,12 +48,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from codegen import index
+from codegen import index, precision
 from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, ConvolutionContext, Family, KernelPlan, Launch, TensorMap,
                                    convolution_selftest_context, grid_for, kernel_name)
 from codegen.reference import convolution_reference
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, DType, SpecError
 from codegen.terms.direct import tile_terms
 from codegen.tiles import STATIC_SHARED_LIMIT, TileParam, Tiles, check_block, check_shared
 
@@ -119,7 +125,7 @@ class DirectTiles(Tiles):
 
 def _filter_bytes(alg: index.IndexAlgebra) -> int:
     """What a ``__constant__`` copy of the filter takes (the bank holds CONSTANT_BANK_BYTES)."""
-    return math.prod(alg.filter_shape) * 4
+    return math.prod(alg.filter_shape) * alg.spec.dtype.itemsize
 
 
 def _fit_tile(out: int, tile: int) -> int:
@@ -162,6 +168,7 @@ class DirectContext(ConvolutionContext):
     variant: DirectVariant
     kernel: str
     block_threads: int
+    dtype: DType
     constant_filter: bool
     """The filter is read from a ``__constant__`` copy (variant constant, or filter_memory constant)."""
     filter_symbol: str | None = None
@@ -169,7 +176,7 @@ class DirectContext(ConvolutionContext):
     vector_load: bool = False
     """16-byte copies of the input rows."""
     vector_store: bool = False
-    """float4 stores of the outputs."""
+    """Stores of 4 outputs at once (a float4; 8 bytes in 16-bit)."""
     # The tiled variants: the tile terms (``tile_terms``) and the block's coordinates.
     axes: list[dict[str, Any]] | None = None
     """Per tiled axis (H, then W), its tile terms."""
@@ -181,7 +188,7 @@ class DirectContext(ConvolutionContext):
     block_coords: list[str] | None = None
     # tiled_register and tiled_tma (``Direct._register_geometry``):
     row_units: int | None = None
-    """Copies per stage row (float4s with ``vector_load``)."""
+    """Copies per stage row (16 bytes each with ``vector_load``: 4 floats, 8 16-bit elements)."""
     row_pitch: int | None = None
     """Floats per stage row in shared memory."""
     vector_window: bool | None = None
@@ -217,6 +224,7 @@ class Direct(Family):
     tiles_type = DirectTiles
     summary = ("direct convolution: basic, constant-memory filter, shared-memory halo, halo from cache, register "
                "tiles fed by cp.async or (sm_90) TMA")
+    dtypes = tuple(DType)
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> DirectTiles:
         """Tiled with the halo in shared memory, the seed's fastest for a single-channel filter, with
@@ -315,11 +323,11 @@ class Direct(Family):
     def _register_geometry(self, spec: ConvSpec, tiles: DirectTiles) -> dict:
         """Where tiled_register's shared tile, windows and vector accesses fall.
 
-        16-byte global copies need W contiguous (channels-first), W a multiple of 4 and tile_w*s a
-        multiple of 4, so that every tile's aligned first column is a multiple of 4 and each
-        4-column group is either wholly inside the image or wholly outside it.  float4 reads of
-        the window need the W stride 1 and per_thread a multiple of 4; float4 stores need OW a
-        multiple of 4 as well."""
+        16-byte global copies need W contiguous (channels-first), W a multiple of the elements in 16
+        bytes (4 floats, 8 16-bit elements) and tile_w*s a multiple of it too, so that every tile's
+        aligned first column is a multiple of it and each group of that many columns is either
+        wholly inside the image or wholly outside it.  float4 reads of the window need the W stride
+        1 and per_thread a multiple of 4; stores of 4 outputs need OW a multiple of 4 as well."""
         alg = index.IndexAlgebra(spec)
         per, rows = tiles.per_thread, tiles.rows_per_thread
         for field, size, step, name in (("tiles.tile_w", tiles.tile_w, per, "per_thread"),
@@ -328,18 +336,21 @@ class Direct(Family):
                 raise SpecError(field, size, f"must be a multiple of tiles.{name} ({step})")
         stride_w = spec.stride[-1]
         contiguous_w = not spec.layout.channels_last
-        vector_load = contiguous_w and spec.input_size[-1] % 4 == 0 and tiles.tile_w * stride_w % 4 == 0
-        terms = tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), 4 if vector_load else 1, windows=True)
+        unit = 16 // spec.dtype.itemsize
+        vector_load = contiguous_w and spec.input_size[-1] % unit == 0 and tiles.tile_w * stride_w % unit == 0
+        terms = tile_terms(alg, (tiles.tile_h, tiles.tile_w), (rows, per), unit if vector_load else 1, windows=True)
         rows_axis, cols_axis = terms["axes"]
         lead = cols_axis["lead"]
         width = lead + cols_axis["halo_extent"]
-        pitch = -(-width // 4) * 4
+        # Rows hold whole float4s for the window reads, and whole 16-byte copies' floats.
+        pitch_multiple = unit if vector_load else 4
+        pitch = -(-width // pitch_multiple) * pitch_multiple
         vector_window = stride_w == 1 and per % 4 == 0
         window_floats = (lead if vector_window else 0) + cols_axis["window_extent"]
         return {
             "terms": terms,
             "vector_load": vector_load,
-            "row_units": -(-width // 4) if vector_load else cols_axis["halo_extent"],
+            "row_units": -(-width // unit) if vector_load else cols_axis["halo_extent"],
             "row_pitch": pitch,
             "vector_window": vector_window,
             "window_offset": lead if vector_window else 0,
@@ -356,6 +367,10 @@ class Direct(Family):
         columns (128 outputs plus the filter's reach, from the aligned column before the halo)
         by the halo's rows, each buffer starting 128-byte aligned."""
         variant = ("tiles.variant", "tiled_tma")
+        if spec.dtype is not DType.float32:
+            raise SpecError(*variant, f"copies float32 TMA boxes into the shared tiles, so it runs float32 only "
+                            f"(not {spec.dtype.value}); tiled_register runs {spec.dtype.value}, widening its rows "
+                            "to FP32 as it loads them")
         if spec.layout.channels_last:
             raise SpecError(*variant, "copies W-contiguous rows as TMA boxes, so it needs a channels-first layout "
                             f"(NCHW, NCDHW), not {spec.layout.value}; tiled_register takes channels-last")
@@ -424,7 +439,7 @@ class Direct(Family):
             field, value = (("tiles.variant", "constant") if variant is DirectVariant.CONSTANT
                             else ("tiles.filter_memory", "constant"))
             raise SpecError(field, value,
-                            f"the filter takes {filter_bytes} bytes (K*C*taps*4) but the constant bank holds "
+                            f"the filter takes {filter_bytes} bytes (K*C*taps*{spec.dtype.itemsize}) but the constant bank holds "
                             f"{CONSTANT_BANK_BYTES}; use another variant or fewer channels")
         name = kernel_name(self.name, variant.value, spec, tiles)
         if constant_filter:
@@ -489,18 +504,22 @@ class Direct(Family):
             launch = Launch(name, grid, block, dynamic_shared, args=("x", "y") if constant_filter else None)
         context = DirectContext(**index.template_context(alg, launch.threads, column_matrix=False),
                                 **convolution_selftest_context(alg), **variant_fields, variant=variant, kernel=name,
-                                block_threads=block[0] * block[1], constant_filter=constant_filter)
-        buffers = (Buffer("x", alg.image_shape, "in", 16 if context.vector_load else 4),
-                   Buffer("w", alg.filter_shape, "in"),
-                   Buffer("y", alg.output_shape, "out", 16 if context.vector_store else 4))
+                                block_threads=block[0] * block[1], dtype=spec.dtype, constant_filter=constant_filter)
+        itemsize = spec.dtype.itemsize
+        buffers = (Buffer("x", alg.image_shape, "in", 16 if context.vector_load else itemsize, spec.dtype),
+                   Buffer("w", alg.filter_shape, "in", itemsize, spec.dtype),
+                   Buffer("y", alg.output_shape, "out", 4 * itemsize if context.vector_store else itemsize, spec.dtype))
+        # 16-bit tiled_register loads through registers, without cp.async.
+        asynchronous = variant is DirectVariant.TILED_REGISTER and spec.dtype is DType.float32
         return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context, constants=constants,
-                          min_arch={DirectVariant.TILED_TMA: 90, DirectVariant.TILED_REGISTER: 80}.get(variant, 0),
-                          min_arch_reason={DirectVariant.TILED_TMA: "TMA and mbarriers",
-                                           DirectVariant.TILED_REGISTER: "cp.async; variants basic, constant, "
-                                           "tiled_halo and tiled_cache run on older targets"}.get(variant, ""))
+                          min_arch=90 if variant is DirectVariant.TILED_TMA else 80 if asynchronous else 0,
+                          min_arch_reason="TMA and mbarriers" if variant is DirectVariant.TILED_TMA else (
+                              "cp.async; variants basic, constant, tiled_halo and tiled_cache, and tiled_register "
+                              "in float16 and bfloat16, run on older targets") if asynchronous else "")
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
-        x, w = inputs
+        """Float64 convolution of the stored inputs (bfloat16 as uint16 bits)."""
+        x, w = (precision.from_storage(a, spec.dtype) for a in inputs)
         return convolution_reference(spec, x, w)
 
 
