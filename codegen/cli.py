@@ -34,7 +34,8 @@ filter_size, stride, padding, dilation, dpitch, dtype, math) and flags given as 
 Precision: --dtype float32 (default), float16 (fp16) or bfloat16 (bf16), inputs, filter and output
 in that type with FP32 accumulation; for float32, --math fma (default, the FMA pipe), tf32 (operands
 rounded to TF32 on tensor cores, PyTorch's default for convolutions) or 3xtf32 (FP32-level accuracy
-on tensor cores).  16-bit types and tf32/3xtf32 run in implicit_gemm on sm_80 and newer.
+on tensor cores).  16-bit types and tf32/3xtf32 run in implicit_gemm on sm_80 and newer; 16-bit types
+also in im2col, col2im (gather) and direct (FP32 sums, one rounding).
 """
 
 DEFAULTS = {"dims": 2, "n": 2, "c": 3, "k": 8, "input_size": None, "filter_size": None,
@@ -304,16 +305,18 @@ def cmd_bench(args) -> int:
 
     if args.family != "conv":
         given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families),
-                                               ("--dtype", args.dtype != "float32"), ("--math", args.math != "fma"))
-                      if value), None)
+                                               ("--math", args.math != "fma")) if value), None)
         if given:
             raise Fail(f"{given} is taken by 'bench conv' only; 'bench {args.family}' runs the layers of the "
-                       "package's shapes.json")
+                       "package's shapes.json" + (" (math modes pick how tensor cores multiply; the memory-bound "
+                                                  "families take --dtype)" if given == "--math" else ""))
+        dtype = ConvSpec.from_dict({"dims": 2, "layout": "NCHW", "n": 1, "c": 1, "k": 1, "input_size": 1,
+                                    "filter_size": 1, "dtype": args.dtype}).dtype     # refuse a bad --dtype now
         _require_gpu("convgen bench")
     if args.family == "direct":
         from codegen.bench.direct import bench_direct, format_direct_table
 
-        results = bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers)
+        results = bench_direct(out_dir=Path(args.out), repeats=args.repeats, layers=args.layers, dtype=dtype)
         print(format_direct_table(results))
         return 0
     if args.family == "conv":
@@ -343,7 +346,7 @@ def cmd_bench(args) -> int:
     from codegen.bench import memory
 
     results = memory.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
-                                         out_dir=Path(args.out), repeats=args.repeats)
+                                         out_dir=Path(args.out), repeats=args.repeats, dtype=dtype)
     print(memory.format_table(results))
     return 0
 
@@ -572,9 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "takes that median in 3 rounds that time cuDNN and every kernel in turn, and reports "
                            "the median round")
     bench_cmd.add_argument("--out", default="bench-out", help="folder for the JSON and PNG (default bench-out)")
-    bench_cmd.add_argument("--dtype", default="float32", help="conv: element type of every layer, float32 (default), "
-                           "float16/fp16 or bfloat16/bf16: the tensor-core implicit GEMM against cuDNN at the same "
-                           "precision")
+    bench_cmd.add_argument("--dtype", default="float32", help="element type of every layer, float32 (default), "
+                           "float16/fp16 or bfloat16/bf16: conv, the tensor-core implicit GEMM against cuDNN at the "
+                           "same precision; im2col, col2im and direct, their 16-bit kernels (share of copy bandwidth)")
     bench_cmd.add_argument("--math", default="fma", help="conv, float32: fma (default), tf32 (against cuDNN TF32) or "
                            "3xtf32 (against cuDNN FP32, beside our FMA kernel)")
     bench_cmd.set_defaults(func=cmd_bench)

@@ -1,5 +1,6 @@
-"""``convgen bench direct``: every direct variant against cuDNN fp32 on the single-channel filters,
-the twelve layers and the 3D layers, with each one's share of the copy bandwidth.
+"""``convgen bench direct``: every direct variant against cuDNN at the same precision (fp32, or the
+16-bit ``--dtype``) on the single-channel filters, the twelve layers and the 3D layers, with each
+one's share of the copy bandwidth, the figure that compares dtypes (16-bit moves half the bytes).
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from codegen.bench.clocks import clocked, describe, sampler_for_current_device
-from codegen.bench.cudnn import cudnn_run
+from codegen.bench.cudnn import CudnnCase
 from codegen.bench.layers import benchmark_layers, layer_spec, select_layers
 from codegen.bench.timing import copy_bandwidth, median_seconds
 from codegen.families.direct import VARIANTS as DIRECT_VARIANTS
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, DType, SpecError, replace
 
 
 def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_bps: float) -> list[dict]:
-    """Every requested direct variant and cuDNN fp32 on one spec; variants the spec refuses are noted."""
+    """Every requested direct variant and cuDNN at the spec's precision on one spec; variants the
+    spec refuses are noted."""
     import cupy
     import torch
 
@@ -29,37 +31,25 @@ def bench_direct_spec(spec: ConvSpec, label: str, variants, repeats: int, copy_b
 
     alg = IndexAlgebra(spec)
     flops = 2 * spec.n * spec.k * math.prod(alg.out_size) * spec.c * alg.taps
-    nbytes = (alg.image_elements + math.prod(alg.filter_shape) + math.prod(alg.output_shape)) * 4
-    rng = cupy.random.default_rng(5)
-    x = rng.uniform(-1, 1, alg.image_shape, dtype=cupy.float32)
-    w = rng.uniform(-1, 1, alg.filter_shape, dtype=cupy.float32)
-    y = cupy.empty(alg.output_shape, dtype=cupy.float32)
-    x_torch = torch.from_dlpack(x)
-    w_torch = torch.from_dlpack(w)
-    if spec.layout.channels_last:
-        last = (0, spec.dims + 1, *range(1, spec.dims + 1))
-        x_torch, w_torch = x_torch.permute(*last), w_torch.permute(*last)
-    cudnn_seconds = median_seconds(cudnn_run(spec, x_torch, w_torch), repeats)
-    theirs = cudnn_run(spec, x_torch, w_torch)()
+    nbytes = (alg.image_elements + math.prod(alg.filter_shape) + math.prod(alg.output_shape)) * spec.dtype.itemsize
+    case = CudnnCase(spec)
+    cudnn_seconds = median_seconds(case.run_cudnn, repeats)
     rows = []
     for variant in variants:
         row = {"family": "direct", "layer": label, "layout": spec.layout.value, "variant": variant,
-               "flops": flops, "bytes": nbytes, "copy_tbps": copy_bps / 1e12,
+               "dtype": spec.dtype.value, "flops": flops, "bytes": nbytes, "copy_tbps": copy_bps / 1e12,
                "cudnn_ms": cudnn_seconds * 1e3, "cudnn_tflops": flops / cudnn_seconds / 1e12}
         try:
             kernel = build("direct", spec, tiles_for(spec, variant))
         except SpecError as err:
             rows.append({**row, "skipped": str(err)})
             continue
-        seconds = median_seconds(lambda: kernel.launch([x, w], y), repeats)
-        ours = torch.from_dlpack(y)
-        if spec.layout.channels_last:
-            ours = ours.permute(0, spec.dims + 1, *range(1, spec.dims + 1))
+        seconds = median_seconds(lambda: kernel.launch([case.x, case.w], case.y), repeats)
         rows.append({**row, "ms": seconds * 1e3, "tflops": flops / seconds / 1e12,
                      "tbps": nbytes / seconds / 1e12, "ratio_copy": nbytes / seconds / copy_bps,
                      "speedup_vs_cudnn": cudnn_seconds / seconds,
-                     "max_abs_diff_vs_cudnn": float((ours - theirs).abs().max())})
-    del x, w, y, x_torch, w_torch, theirs
+                     "max_abs_diff_vs_cudnn": float((case.as_torch(case.y).double() - case.expected).abs().max())})
+    del case
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()
     return rows
@@ -73,7 +63,9 @@ def tiles_for(spec: ConvSpec, variant: str) -> dict:
 
 
 def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("filter2d", "conv2d_mec", "conv3d"),
-                 variants=DIRECT_VARIANTS, layers=None) -> list[dict]:
+                 variants=DIRECT_VARIANTS, layers=None, dtype: DType | str = DType.float32) -> list[dict]:
+    """Every layer in every variant; the JSON and the plot are named by the dtype where it is not float32."""
+    dtype = DType(dtype)
     chosen = select_layers(benchmark_layers(sets), layers)
     copy_bps = copy_bandwidth()
     results = []
@@ -82,7 +74,7 @@ def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("fi
         for layer in chosen:
             group = layer["group"]
             layout = "NCDHW" if group == "conv3d" else "NCHW"
-            spec = layer_spec(layer, layout, layer["N"])
+            spec = replace(layer_spec(layer, layout, layer["N"]), dtype=dtype)
             layer_repeats = repeats if group == "filter2d" else max(3, repeats // 3)
             first = len(results)
             with clocked(results, sampler):
@@ -95,8 +87,9 @@ def bench_direct(out_dir: Path = Path("bench-out"), repeats: int = 10, sets=("fi
                   f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "direct.json").write_text(json.dumps(results, indent=1))
-    plot_direct(results, out_dir / "direct.png")
+    name = "direct" if dtype is DType.float32 else f"direct-{dtype.short_name}"
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot_direct(results, out_dir / f"{name}.png")
     return results
 
 
@@ -110,8 +103,10 @@ def format_direct_table(results: list[dict]) -> str:
         lines.append(f"{r['layer']:12} {r['variant']:12} {r['ms']:9.3f} {r['tflops']:8.2f} {r['ratio_copy']:6.2f} "
                      f"{r['cudnn_ms']:9.3f} {r['speedup_vs_cudnn']:7.2f}x {r['max_abs_diff_vs_cudnn']:8.1e}")
     if results:
+        spec_dtype = DType(results[0]["dtype"])
+        peer = "cuDNN fp32, TF32 off" if spec_dtype is DType.float32 else f"cuDNN {spec_dtype.short_name}"
         lines.append(f"/copy: (input + filter + output bytes) / time over the {results[0]['copy_tbps']:.2f} TB/s copy; "
-                     "cuDNN fp32, TF32 off, cudnn.benchmark on")
+                     f"{peer}, cudnn.benchmark on")
     return "\n".join(lines)
 
 
@@ -141,7 +136,7 @@ def plot_direct(results: list[dict], path: Path) -> bool:
     ax.set_xticks(xs + 0.4 - width / 2)
     ax.set_xticklabels(layers)
     ax.set_ylabel("share of copy bandwidth")
-    ax.set_title("direct convolution, single channel 8192x8192, fp32")
+    ax.set_title(f"direct convolution, single channel 8192x8192, {DType(rows[0]['dtype']).short_name}")
     ax.legend(fontsize=8, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
