@@ -1,5 +1,5 @@
 """Test tiers: the CPU tier runs everywhere (CI); ``gpu`` tests skip cleanly without a device;
-``slow`` (heavy fuzzing) runs only with --run-slow."""
+``slow`` (heavy fuzzing, every catalogue file through nvcc) runs only with --run-slow."""
 import os
 
 import pytest
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="no CUDA GPU visible"))
         if "slow" in item.keywords and not config.getoption("--run-slow"):
-            item.add_marker(pytest.mark.skip(reason="heavy fuzzing: pass --run-slow"))
+            item.add_marker(pytest.mark.skip(reason="heavy (fuzzing, every catalogue file through nvcc): pass --run-slow"))
 
 
 @pytest.fixture
