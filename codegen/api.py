@@ -99,10 +99,11 @@ MAX_ACCEPTED_SIGNATURES = 64
 class Kernel:
     """A compiled kernel for one (family, spec, tiles); call it like a function on device arrays.
 
-    The first call with arguments of a given signature (type, shape, strides, dtype, device and
-    whether each address has the alignment the kernel needs) checks them in full; later calls with
-    that signature skip to the launch, so a model calling a layer pays a few microseconds of host
-    time rather than the checks' tens."""
+    PyTorch tensors: the first call with arguments of a given signature (each tensor's shape,
+    strides, dtype and device, and each address's residue modulo the alignment its buffer needs)
+    checks them in full; later calls with that signature skip to the launch, so a model calling a
+    layer pays a few microseconds of host time rather than the checks' tens.  Other arrays are
+    checked in full on every call."""
 
     plan: KernelPlan
     source: KernelSource
