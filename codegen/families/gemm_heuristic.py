@@ -230,13 +230,7 @@ def few_tile_tiles(spec: ConvSpec, core: GemmTiles, device: Device) -> GemmTiles
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = gemm_sizes(alg)
     block_n = core.block_n
-    block_m = 256 if block_n == 32 else 128
-    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * device.sm_count:
-        half = block_m // 2
-        thread_m, thread_n = _micro_tile(half, block_n)
-        if half * block_n // (thread_m * thread_n) < 32 * FEW_TILE_MIN_WARPS:
-            break
-        block_m = half
+    block_m = _halved_block_m(gemm_m, gemm_n, block_n, device, 32 * FEW_TILE_MIN_WARPS)
     tiles = tile_count(gemm_m, gemm_n, block_m, block_n)
     split_k = heuristic_split_k(tiles, -(-gemm_k // core.block_k), device.sm_count, FEW_TILE_MIN_SLICES)
     if block_m == core.block_m or block_m > gemm_m or tiles * split_k < device.sm_count:
@@ -298,9 +292,7 @@ def core_tiles(spec: ConvSpec, table_fits: bool = True, device: Device | str | N
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = gemm_sizes(alg)
     block_n = _channel_tile(gemm_n)
-    block_m = 256 if block_n == 32 else 128
-    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * device.sm_count:
-        block_m //= 2
+    block_m = _halved_block_m(gemm_m, gemm_n, block_n, device)
     block_k = 16 if gemm_k >= 64 else 8
     while True:
         thread_m, thread_n = _micro_tile(block_m, block_n)
@@ -313,6 +305,19 @@ def core_tiles(spec: ConvSpec, table_fits: bool = True, device: Device | str | N
         if shared_bytes(tiles) <= device.shared_per_block or block_m == 32:
             return tiles
         block_m //= 2     # the epilogue's output tile alone passes the card's shared memory
+
+
+def _halved_block_m(gemm_m: int, gemm_n: int, block_n: int, device: Device, min_threads: int = 0) -> int:
+    """``core_tiles``' block_m: 128 (256 for 32-wide tiles), halved down to 32 while the grid has
+    fewer than two CTAs per SM, stopping before a halving whose CTA would have fewer than
+    ``min_threads`` threads (``few_tile_tiles``)."""
+    block_m = 256 if block_n == 32 else 128
+    while block_m > 32 and tile_count(gemm_m, gemm_n, block_m, block_n) < 2 * device.sm_count:
+        thread_m, thread_n = _micro_tile(block_m // 2, block_n)
+        if (block_m // 2) * block_n // (thread_m * thread_n) < min_threads:
+            break
+        block_m //= 2
+    return block_m
 
 
 def _channel_tile(gemm_n: int) -> int:
