@@ -31,7 +31,7 @@ except ImportError as missing:   # PyTorch is optional for the rest of convgen
                       "the build that matches your CUDA); the rest of convgen runs without it") from missing
 
 from codegen.api import Kernel, build
-from codegen.spec import ConvSpec, SpecError
+from codegen.spec import ConvSpec, SpecError, output_extents
 from codegen.tiles import Tiles
 
 __all__ = ["conv", "Conv2d", "Conv3d", "swap_convolutions", "SwapReport", "clear_kernels", "check_only"]
@@ -179,7 +179,7 @@ def _check_arguments(x, weight, groups: int, on_gpu: bool = True) -> bool:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise SpecError("requires_grad", True, "convgen has no backward yet: run inference under torch.no_grad() or "
                         "torch.inference_mode(), or call model.requires_grad_(False)")
-    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=CHANNELS_LAST[x.dim()])
+    channels_last = _is_channels_last(x)
     if not (channels_last or x.is_contiguous()):
         raise SpecError("input", f"strides {x.stride()}", "must be contiguous or channels_last: call .contiguous() or "
                         f".contiguous(memory_format={'torch.channels_last' if x.dim() == 4 else 'torch.channels_last_3d'})")
@@ -245,12 +245,16 @@ def _conv_op(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], paddi
 @_conv_op.register_fake
 def _conv_fake(x, weight, stride, padding, dilation, groups, math, family, tiles):
     """The output's shape and memory format, as ``_run`` makes them, from shapes alone."""
-    sizes = [(size + 2 * p - d * (f - 1) - 1) // s + 1
-             for size, f, s, p, d in zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
-    shape = (x.shape[0], weight.shape[0], *sizes)
-    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=CHANNELS_LAST[x.dim()])
-    memory_format = CHANNELS_LAST[x.dim()] if channels_last else torch.contiguous_format
-    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
+    sizes = output_extents(tuple(x.shape[2:]), tuple(weight.shape[2:]), stride, padding, dilation)
+    memory_format = CHANNELS_LAST[x.dim()] if _is_channels_last(x) else torch.contiguous_format
+    return torch.empty((x.shape[0], weight.shape[0], *sizes), dtype=x.dtype, device=x.device,
+                       memory_format=memory_format)
+
+
+def _is_channels_last(x) -> bool:
+    """Whether ``x`` runs the channels-last kernel: channels_last and not also contiguous (where
+    both hold, C = 1 or a 1x1 image, the channels-first kernel reads the same bytes)."""
+    return not x.is_contiguous() and x.is_contiguous(memory_format=CHANNELS_LAST[x.dim()])
 
 
 class _ConvMixin:
