@@ -109,14 +109,17 @@ class Kernel:
     source: KernelSource
     compiled: CompiledKernel
     _launcher: Launcher = field(init=False, repr=False)
+    _call_buffers: tuple[Buffer, ...] = field(init=False, repr=False)
+    """The buffers a call passes, in order: the inputs, then the output."""
     _call_names: tuple[str, ...] = field(init=False, repr=False)
     _call_alignments: tuple[int, ...] = field(init=False, repr=False)
     _accepted: set = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self._launcher = Launcher(self.plan, self.compiled.cubin)
-        self._call_names = tuple(b.name for b in (*self.plan.inputs, self.plan.output))
-        self._call_alignments = tuple(b.alignment for b in (*self.plan.inputs, self.plan.output))
+        self._call_buffers = (*self.plan.inputs, self.plan.output)
+        self._call_names = tuple(b.name for b in self._call_buffers)
+        self._call_alignments = tuple(b.alignment for b in self._call_buffers)
 
     @property
     def spec(self) -> ConvSpec:
@@ -135,11 +138,6 @@ class Kernel:
 
         result = self._call_cupy(inputs, out, cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
         return _as_torch(result) if out is None else result
-
-    @property
-    def _call_buffers(self) -> tuple[Buffer, ...]:
-        """The buffers a call passes, in order: the inputs, then the output."""
-        return (*self.plan.inputs, self.plan.output)
 
     def _call_cupy(self, inputs: tuple, out: Any, stream=None) -> Any:
         """Any device arrays (a tensor among other kinds too), checked in full each call."""

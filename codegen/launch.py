@@ -144,8 +144,7 @@ class Launcher:
         if key not in self._encoded_maps:
             if len(self._encoded_maps) >= MAX_ENCODED_MAPS:
                 self._encoded_maps.clear()
-            encoded = tma.encode(tensor_map, pointer).tobytes()
-            self._encoded_maps[key] = (ctypes.c_ubyte * len(encoded)).from_buffer_copy(encoded)
+            self._encoded_maps[key] = tma.encode(tensor_map, pointer)
         return self._encoded_maps[key]
 
     @staticmethod

@@ -9,8 +9,6 @@ from __future__ import annotations
 import ctypes
 import functools
 
-import numpy as np
-
 from codegen.families.base import TensorMap
 
 TENSOR_MAP_BYTES = 128
@@ -19,8 +17,6 @@ FLOAT32, INTERLEAVE_NONE, L2_PROMOTION_128B, FILL_ZEROS = 7, 0, 2, 0
 values (cuda.h) of the maps convgen encodes."""
 SWIZZLE = {0: 0, 128: 3}
 """CUtensorMapSwizzle value of each swizzle width in bytes (NONE, 128B)."""
-TENSOR_MAP_TYPE = np.dtype([("words", np.uint64, (TENSOR_MAP_BYTES // 8,))])
-"""A numpy structured scalar of this type is passed to a CuPy kernel by value, as the struct."""
 
 
 @functools.cache
@@ -28,9 +24,10 @@ def _driver() -> ctypes.CDLL:
     return ctypes.CDLL("libcuda.so.1")
 
 
-def encode(tensor_map: TensorMap, pointer: int) -> np.void:
+def encode(tensor_map: TensorMap, pointer: int) -> ctypes.Array:
     """The map of ``tensor_map``'s geometry over the fp32 tensor at device address ``pointer``:
-    tiled (``cuTensorMapEncodeTiled``) or, with corners, im2col (``cuTensorMapEncodeIm2col``)."""
+    tiled (``cuTensorMapEncodeTiled``) or, with corners, im2col (``cuTensorMapEncodeIm2col``), as
+    the 128 bytes whose address a launch passes among its parameters."""
     rank = len(tensor_map.dims)
     encoded = (ctypes.c_ubyte * TENSOR_MAP_BYTES)()
     dims = (ctypes.c_uint64 * rank)(*tensor_map.dims)
@@ -52,4 +49,4 @@ def encode(tensor_map: TensorMap, pointer: int) -> np.void:
         raise RuntimeError(f"{function} failed (CUresult {status}) for buffer {tensor_map.buffer!r}: dims "
                            f"{tensor_map.dims}, byte strides {tensor_map.strides}, box {tensor_map.box}{corners}, "
                            f"address {pointer:#x} (it must be 16-byte aligned)")
-    return np.frombuffer(bytes(encoded), dtype=TENSOR_MAP_TYPE)[0]
+    return encoded
