@@ -120,6 +120,8 @@ PRODUCTS = {
                                           "three products a term)",
 }
 """How a tensor-core kernel multiplies, for the header's precision line."""
+TRUNCATED_TF32_PRODUCTS = ("TF32 products on tensor cores (each operand's float32 bits read as TF32: the low 13 "
+                           "mantissa bits dropped, toward zero)")
 
 
 def c_double(value: float) -> str:
@@ -152,7 +154,7 @@ def selftest_precision(kernel_plan) -> dict | None:
     if not uses_tensor_cores(spec.dtype, spec.math):
         return None
     family = get_family(kernel_plan.family, spec)
-    roundoff = family.roundoff(spec)
+    roundoff = family.roundoff(spec, kernel_plan)
     constants = {"e_mul": roundoff.product, "e_acc": roundoff.accumulation, "u_out": roundoff.output,
                  "eta_out": roundoff.output_absolute}
     storage = STORAGE.get(spec.dtype)
@@ -165,7 +167,8 @@ def selftest_precision(kernel_plan) -> dict | None:
         "tensor_cores": kernel_plan.tensor_cores,
         "convolution": family.convolution,
         "exact": not any(constants.values()),
-        "products": (PRODUCTS[spec.dtype, spec.math] if kernel_plan.tensor_cores
+        "products": (TRUNCATED_TF32_PRODUCTS if kernel_plan.tf32_truncated
+                     else PRODUCTS[spec.dtype, spec.math] if kernel_plan.tensor_cores
                      else f"{spec.dtype.short_name.upper()} products on the FMA pipe (exact in FP32)"),
         "terms": kernel_plan.context.reference_terms,
         "products_per_term": roundoff.products_per_term,

@@ -217,15 +217,16 @@ def within_error_bound(result: np.ndarray, expected: np.ndarray, bound: np.ndarr
 
 
 def check_result(spec: ConvSpec, result: np.ndarray, expected: np.ndarray, inputs,
-                 family: str = "implicit_gemm") -> Mismatch | None:
+                 family: str = "implicit_gemm", plan=None) -> Mismatch | None:
     """A kernel's ``result`` (decoded to float values) against the float64 ``expected`` of the
-    stored ``inputs``: elementwise within ``family``'s error bound (``Family.error_bound``, by
-    default the convolution's ``precision.error_bound``) where the spec is not plain FP32 (16-bit
-    types, tf32, 3xtf32), ``compare``'s fixed tolerance for FP32 on the FMA pipe."""
+    stored ``inputs``: elementwise within ``family``'s error bound for the kernel ``plan`` that made
+    it (``Family.error_bound``, by default the convolution's ``precision.error_bound``) where the
+    spec is not plain FP32 (16-bit types, tf32, 3xtf32), ``compare``'s fixed tolerance for FP32 on
+    the FMA pipe."""
     from codegen.families import get_family
 
     if uses_tensor_cores(spec.dtype, spec.math):
-        return within_error_bound(result, expected, get_family(family, spec).error_bound(spec, inputs))
+        return within_error_bound(result, expected, get_family(family, spec).error_bound(spec, inputs, plan))
     return compare(result, expected)
 
 
@@ -275,8 +276,11 @@ def cancellation(family: str, spec: ConvSpec, seed: int = 0) -> float:
 
 def check_on_gpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0, kernel=None) -> Mismatch | None:
     """Run the kernel (``launch_on_gpu``) and check it as ``check_result`` does."""
+    from codegen.api import build
+
+    kernel = kernel or build(family, spec, tiles)
     result, expected, inputs = launch_on_gpu(family, spec, tiles, seed, kernel)
-    return check_result(spec, result, expected, inputs, family)
+    return check_result(spec, result, expected, inputs, family, kernel.plan)
 
 
 def check_on_cpu(family: str, spec: ConvSpec, tiles=None, seed: int = 0) -> Mismatch | None:

@@ -13,7 +13,9 @@ S = sum_i |x_i w_i| and y* = sum_i x_i w_i, both exact (float64), the kernel's r
 
 - e_mul, one product's relative error from rounding its operands: 0 for float16 and bfloat16
   (their products are exact in FP32) and for FP32 FMA (exact inside the fused multiply-add);
-  2^-10 + 2^-22 for TF32 (each operand rounded to 10 mantissa bits, 2^-11 relative);
+  2^-10 + 2^-22 for TF32 (each operand rounded to 10 mantissa bits, 2^-11 relative), and
+  2^-9 + 2^-20 where the tensor cores read FP32 bits as TF32 (wgmma from shared memory drops the
+  low 13 mantissa bits: truncation, 2^-10 relative);
   2^-20 for 3xTF32 (each operand is big + small to 2^-22, and the dropped small x small product is
   below 2^-22 |x w|: 3 x 2^-22, rounded up).
 - e_acc = 2^-23 per accumulated product, twice FP32's unit roundoff: the tensor cores align an
@@ -56,6 +58,15 @@ def round_tf32(a) -> np.ndarray:
     rounded = (bits + half_unit) & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)
     nan = np.isnan(bits.view(np.float32))
     return np.where(nan, bits | np.uint32(0x7FC00000), rounded).astype(np.uint32).view(np.float32)
+
+
+def truncate_tf32(a) -> np.ndarray:
+    """``a`` (as float32) as the tensor cores read float32 bits as TF32 (wgmma from shared memory):
+    the low 13 mantissa bits dropped, toward zero; NaN stays NaN."""
+    bits = _float32_bits(a)
+    kept = bits & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)
+    nan = np.isnan(bits.view(np.float32))
+    return np.where(nan, bits | np.uint32(0x7FC00000), kept).astype(np.uint32).view(np.float32)
 
 
 def bfloat16_bits(a) -> np.ndarray:
@@ -117,25 +128,28 @@ OUTPUT_ROUNDING = {DType.float32: (0.0, 0.0), DType.float16: (2.0**-11, 2.0**-25
 """(u_out, eta_out) by output type: half a unit in the last place, and half the smallest subnormal."""
 
 
-def unit_roundoff(dtype: DType, math_mode: MathMode) -> Roundoff:
-    """The roundoffs of a kernel storing ``dtype`` and multiplying as ``math_mode``."""
+def unit_roundoff(dtype: DType, math_mode: MathMode, tf32_truncated: bool = False) -> Roundoff:
+    """The roundoffs of a kernel storing ``dtype`` and multiplying as ``math_mode``; with
+    ``tf32_truncated``, of a TF32 kernel whose tensor cores drop the operands' low bits rather than
+    the kernel rounding them to nearest (``KernelPlan.tf32_truncated``)."""
     dtype, math_mode = DType(dtype), MathMode(math_mode)
     output, output_absolute = OUTPUT_ROUNDING[dtype]
     if dtype is DType.float32 and math_mode is MathMode.tf32:
-        operand = 2.0**-(TF32_MANTISSA_BITS + 1)
+        operand = 2.0**-(TF32_MANTISSA_BITS + (0 if tf32_truncated else 1))
         return Roundoff(operand, 2 * operand + operand**2, ACCUMULATION, 1, output, output_absolute)
     if dtype is DType.float32 and math_mode is MathMode.three_tf32:
         return Roundoff(2.0**-22, 2.0**-20, ACCUMULATION, 3, output, output_absolute)
     return Roundoff(0.0, 0.0, ACCUMULATION, 1, output, output_absolute)
 
 
-def error_bound(spec: ConvSpec, x, w) -> np.ndarray:
+def error_bound(spec: ConvSpec, x, w, tf32_truncated: bool = False) -> np.ndarray:
     """The bound on |y - y*| of every output (module docstring), for the stored inputs ``x`` and
-    ``w`` (float32, float16, or bfloat16 bits), in the output's shape."""
+    ``w`` (float32, float16, or bfloat16 bits), in the output's shape; ``tf32_truncated`` as
+    ``unit_roundoff`` takes it."""
     x64, w64 = from_storage(x, spec.dtype), from_storage(w, spec.dtype)
     exact = convolution_reference(spec, x64, w64)
     magnitude = convolution_reference(spec, np.abs(x64), np.abs(w64))
-    roundoff = unit_roundoff(spec.dtype, spec.math)
+    roundoff = unit_roundoff(spec.dtype, spec.math, tf32_truncated)
     terms = spec.c * math.prod(spec.filter_size)
     accumulated = (roundoff.product + roundoff.accumulation * roundoff.products_per_term * terms) * magnitude
     return accumulated + roundoff.output * (np.abs(exact) + accumulated) + roundoff.output_absolute

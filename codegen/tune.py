@@ -191,39 +191,40 @@ def reference_output(family: str, spec: ConvSpec, inputs: list, absolute: bool =
     return cupy.from_dlpack(y.contiguous())
 
 
-def error_bound_of(spec: ConvSpec, exact, magnitude):
+def error_bound_of(spec: ConvSpec, exact, magnitude, tf32_truncated: bool = False):
     """``precision.error_bound`` from the two convolutions it is made of, computed elsewhere (on the
     device): ``exact`` of the stored inputs and ``magnitude`` of their absolute values, float64,
-    numpy or CuPy alike."""
-    roundoff = precision.unit_roundoff(spec.dtype, spec.math)
+    numpy or CuPy alike; ``tf32_truncated`` as ``precision.unit_roundoff`` takes it."""
+    roundoff = precision.unit_roundoff(spec.dtype, spec.math, tf32_truncated)
     terms = spec.c * math.prod(spec.filter_size)
     accumulated = (roundoff.product + roundoff.accumulation * roundoff.products_per_term * terms) * magnitude
     return accumulated + roundoff.output * (abs(exact) + accumulated) + roundoff.output_absolute
 
 
-def output_check(family: str, spec: ConvSpec, inputs: list, expected) -> Callable[[Any], str | None]:
+def output_check(family: str, spec: ConvSpec, inputs: list, expected) -> Callable[..., str | None]:
     """The reference check of a candidate's output on ``inputs`` (device arrays, as stored), whose
-    reference is ``expected`` (``reference_output``): None where it passes, else why not.  FP32 on
-    the FMA pipe: relative error in norm under ``TOLERANCE``; tensor cores: every output within
-    ``precision.error_bound`` (NaN never is)."""
+    reference is ``expected`` (``reference_output``), given the candidate's plan: None where it
+    passes, else why not.  FP32 on the FMA pipe: relative error in norm under ``TOLERANCE``;
+    tensor cores: every output within ``precision.error_bound`` for that plan (NaN never is)."""
     import cupy
 
     if not uses_tensor_cores(spec.dtype, spec.math):
         scale = float(cupy.linalg.norm(expected)) or 1.0
 
-        def relative(out) -> str | None:
+        def relative(out, plan=None) -> str | None:
             error = float(cupy.linalg.norm(out - expected)) / scale
             return None if error < TOLERANCE else f"relative error {error:.2e} vs reference"
         return relative
-    bound = error_bound_of(spec, expected, reference_output(family, spec, inputs, absolute=True))
+    magnitude = reference_output(family, spec, inputs, absolute=True)
+    bounds = {truncated: error_bound_of(spec, expected, magnitude, truncated) for truncated in (False, True)}
     precision_name = spec.math.value if spec.dtype is DType.float32 else spec.dtype.value
 
-    def bounded(out) -> str | None:
+    def bounded(out, plan=None) -> str | None:
         got = decoded(out, spec.dtype)
         unwritten = int(cupy.count_nonzero(cupy.isnan(got)))
         if unwritten:
             return f"{unwritten} output(s) never written (NaN)"
-        excess = cupy.abs(got - expected) - bound
+        excess = cupy.abs(got - expected) - bounds[plan is not None and plan.tf32_truncated]
         outside = int(cupy.count_nonzero(excess > 0))
         return None if not outside else (f"{outside} output(s) outside the {precision_name} error bound of the "
                                          f"reference, up to {float(excess.max()):.2e} over")
@@ -278,7 +279,7 @@ def gpu_evaluator(family: str, spec: ConvSpec, repeats: int = 7, workers: int = 
                 continue
             out.fill(NAN[spec.dtype])
             prepared.launch(sets[0], out)
-            wrong = check(out)
+            wrong = check(out, prepared.plan)
             if wrong:
                 trials.append(Trial(tiles, status="wrong", detail=wrong))
                 continue

@@ -311,3 +311,21 @@ def test_error_bound_holds_for_its_own_model():
     exact = FAMILY.reference(spec, x, w)
     assert (np.abs(emulated - exact) <= precision.error_bound(spec, x, w)).all()
     assert np.abs(emulated - exact).max() > 1e-6        # the operand rounding is visible, and bounded
+
+
+def test_truncated_bound_holds_for_operands_read_as_tf32_and_the_rounded_one_does_not():
+    """wgmma reads float32 bits as TF32 (``truncate_tf32``): a float32 emulation of that lies within
+    the truncated bound; with operands just past a rounding tie (1 + 3 x 2^-12 truncates to 1, rounds
+    to 1 + 2^-10) it lies outside the rounded one, so the bounds are not interchangeable."""
+    rng = np.random.default_rng(5)
+    spec = ConvSpec(dims=2, layout="NCHW", n=1, c=16, k=2, input_size=(4, 4), filter_size=1, dtype="float32",
+                    math="tf32")
+    for x, w in ((rng.standard_normal((1, 16, 4, 4)), rng.standard_normal((2, 16, 1, 1))),
+                 (np.full((1, 16, 4, 4), 1 + 3 * 2.0**-12), np.full((2, 16, 1, 1), 1 + 3 * 2.0**-12))):
+        x, w = x.astype(np.float32), w.astype(np.float32)
+        emulated = np.einsum("kc,nchw->nkhw", precision.truncate_tf32(w[:, :, 0, 0]).astype(np.float64),
+                             precision.truncate_tf32(x).astype(np.float64))
+        error = np.abs(emulated - FAMILY.reference(spec, x, w))
+        assert (error <= precision.error_bound(spec, x, w, tf32_truncated=True)).all()
+    assert (emulated == 16.0).all() and (error > precision.error_bound(spec, x, w)).all()
+    assert precision.truncate_tf32(np.float32(-1 - 3 * 2.0**-12)) == -1.0 and np.isnan(precision.truncate_tf32(np.nan))

@@ -279,6 +279,10 @@ class KernelPlan:
     tensor_cores: bool = False
     """The kernels multiply on tensor cores: what a tf32 or 3xtf32 spec needs, and the GEMM families'
     float16 and bfloat16; the memory-bound families run 16-bit data on the FMA pipe, widened to FP32."""
+    tf32_truncated: bool = False
+    """The tensor cores read the float32 operands' bits as TF32, dropping the low 13 mantissa bits
+    (wgmma from shared memory, as CUTLASS's sm_90 TF32 kernels do), instead of the kernel rounding
+    them to nearest: the error bound takes twice the operand error (``precision.unit_roundoff``)."""
 
     def __post_init__(self) -> None:
         if not self.template:
@@ -485,15 +489,17 @@ class Family:
         plan = self.plan(spec, self.default_tiles(spec))
         return [precision.to_storage(rng.uniform(-1.0, 1.0, size=b.shape), spec.dtype) for b in plan.inputs]
 
-    def roundoff(self, spec: ConvSpec) -> precision.Roundoff:
+    def roundoff(self, spec: ConvSpec, plan: KernelPlan | None = None) -> precision.Roundoff:
         """The unit roundoffs that this family's outputs are held to where the spec is not plain
-        FP32: the spec's dtype's and math mode's, unless the family computes nothing (a copy is exact)."""
-        return precision.unit_roundoff(spec.dtype, spec.math)
+        FP32: the spec's dtype's and math mode's (and the kernel ``plan``'s way to TF32), unless the
+        family computes nothing (a copy is exact)."""
+        return precision.unit_roundoff(spec.dtype, spec.math, plan is not None and plan.tf32_truncated)
 
-    def error_bound(self, spec: ConvSpec, inputs) -> np.ndarray:
+    def error_bound(self, spec: ConvSpec, inputs, plan: KernelPlan | None = None) -> np.ndarray:
         """The bound on |result - reference| of every output of a spec that is not plain FP32, for
-        the stored ``inputs`` (``make_inputs``): the convolution's (``codegen.precision.error_bound``)."""
-        return precision.error_bound(spec, *inputs[:2])
+        the stored ``inputs`` (``make_inputs``) and the kernel ``plan`` that made the result: the
+        convolution's (``codegen.precision.error_bound``)."""
+        return precision.error_bound(spec, *inputs[:2], plan is not None and plan.tf32_truncated)
 
     def algebra(self, spec: ConvSpec) -> IndexAlgebra:
         return IndexAlgebra(spec)

@@ -143,7 +143,7 @@ class Col2im(Family):
         (col,) = inputs
         return image_reference(spec, precision.from_storage(col, spec.dtype))
 
-    def error_bound(self, spec: ConvSpec, inputs) -> np.ndarray:
+    def error_bound(self, spec: ConvSpec, inputs, plan: KernelPlan | None = None) -> np.ndarray:
         """``codegen.precision``'s model for a sum of at most L = taps entries, each exact in FP32:
         |y - y*| <= E + u_out (|y*| + E) + eta_out, E = e_acc L S, for the exact sum y* and the
         sum S of the entries' magnitudes."""

@@ -156,11 +156,11 @@ class Im2col(Family):
     convolution = False
     dtypes = tuple(DType)
 
-    def roundoff(self, spec: ConvSpec) -> precision.Roundoff:
+    def roundoff(self, spec: ConvSpec, plan: KernelPlan | None = None) -> precision.Roundoff:
         """All zero: a copy rounds nothing, so every element equals the image's."""
         return precision.Roundoff(0.0, 0.0, 0.0, 1, 0.0, 0.0)
 
-    def error_bound(self, spec: ConvSpec, inputs) -> np.ndarray:
+    def error_bound(self, spec: ConvSpec, inputs, plan: KernelPlan | None = None) -> np.ndarray:
         """Zero: the column matrix holds the image's elements exactly."""
         return np.zeros(self.algebra(spec).col_shape)
 
