@@ -1,8 +1,9 @@
 """GPU tier of implicit_gemm's WGMMA kernel (codegen.families.wgmma_gemm, sm_90 only): channels-last
-float16 and bfloat16 with 16-byte channel runs, on random normal inputs rounded to the storage type
+float16, bfloat16 and float32 with math tf32, with 16-byte channel runs, on random normal inputs rounded to the storage type
 (bfloat16 as uint16 bits), outputs NaN-poisoned before each launch (and the channel pitch's padding
 NaN, so a read of it shows), each output within ``codegen.precision.error_bound`` of the float64
-convolution of the stored inputs.  PyTorch at the same precision is the second oracle."""
+convolution of the stored inputs (for TF32, the bound of operands truncated to TF32, as the kernel's
+plan says they are).  PyTorch at the same precision is the second oracle."""
 import subprocess
 
 import numpy as np
@@ -24,7 +25,8 @@ from codegen.spec import ConvSpec, DType, Layout, SpecError, replace
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(device_arch() not in (None, "sm_90"), reason="wgmma runs on sm_90 GPUs only")]
 GPU = settings.get_profile("gpu")
-NAN_BITS = {DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0)}
+NAN_BITS = {DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0), DType.float32: np.float32(np.nan)}
+PRECISIONS = ({"dtype": "float16"}, {"dtype": "bfloat16"}, {"dtype": "float32", "math": "tf32"})
 MAX_ELEMENTS = 1 << 16
 
 
@@ -43,6 +45,7 @@ def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles) -> np.nd
 
     assert tiles.wgmma
     kernel = compile_plan(FAMILY.plan(spec, tiles, present()), device_arch())
+    assert kernel.plan.tf32_truncated == (spec.dtype is DType.float32)   # what _assert_within_bound assumes
     out = cupy.full(kernel.plan.output.shape, NAN_BITS[spec.dtype], dtype=NAN_BITS[spec.dtype].dtype)
     kernel(cupy.asarray(x), cupy.asarray(w), out=out)
     return precision.from_storage(cupy.asnumpy(out), spec.dtype)
@@ -50,7 +53,7 @@ def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles) -> np.nd
 
 def _assert_within_bound(spec: ConvSpec, result: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
     expected = FAMILY.reference(spec, x, w)
-    bound = precision.error_bound(spec, x, w)
+    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.dtype is DType.float32)
     excess = np.abs(result - expected) - bound
     unwritten = int(np.isnan(result).sum())
     assert not unwritten, f"{spec.describe()}: {unwritten} output(s) never written (NaN)"
@@ -62,26 +65,29 @@ def _assert_within_bound(spec: ConvSpec, result: np.ndarray, x: np.ndarray, w: n
 
 @st.composite
 def covered_specs(draw) -> ConvSpec:
-    """Channels-last 2D and 3D specs of every geometry with C and the pitch multiples of 8 and up to
-    300 output channels (tails along every GEMM axis, several channel tiles of 256)."""
+    """Channels-last 2D and 3D specs of every geometry and precision with C and the pitch multiples
+    of a 16-byte copy's elements and up to 300 output channels (tails along every GEMM axis, several
+    channel tiles of 256)."""
     base = draw(specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=300, max_elements=MAX_ELEMENTS, max_filter=5))
-    c = 8 * draw(st.integers(1, 6))
-    spec = replace(base, c=c, dpitch=c + 8 * draw(st.integers(0, 1)),
-                   dtype=draw(st.sampled_from(("float16", "bfloat16"))))
+    precision_fields = draw(st.sampled_from(PRECISIONS))
+    unit = 4 if precision_fields["dtype"] == "float32" else 8
+    c = unit * draw(st.integers(1, 12 if unit == 4 else 6))
+    spec = replace(base, c=c, dpitch=c + unit * draw(st.integers(0, 1)), **precision_fields)
     assume(IndexAlgebra(spec).image_elements <= MAX_ELEMENTS)
     return spec
 
 
 @st.composite
 def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
-    """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows, each
-    block_n, 2-4 stages."""
+    """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows sharing
+    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages."""
     warp_m = draw(st.sampled_from((64, 128)))
     block_n = draw(st.sampled_from(wgmma_gemm.BLOCK_N_CHOICES))
+    pingpong = draw(st.booleans())
     try:
-        tiles = MmaTiles(block_m=warp_m * draw(st.sampled_from((1, 2))), block_n=block_n,
+        tiles = MmaTiles(block_m=warp_m * (1 if pingpong else draw(st.sampled_from((1, 2)))), block_n=block_n,
                          block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m, warp_n=block_n,
-                         stages=draw(st.sampled_from((2, 3, 4))), wgmma=True)
+                         stages=draw(st.sampled_from((2, 3, 4, 5, 6))), wgmma=True, pingpong=pingpong)
         check_tiles(spec, tiles, present())
     except SpecError:
         assume(False)
@@ -105,7 +111,7 @@ def test_any_tiles_within_the_error_bound(data, seed):
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
 
-ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages) or None for the heuristic)
+ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong]) or None for the heuristic)
     "m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                              filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                              dtype="bfloat16"), (128, 64, 64, 3)),
@@ -119,8 +125,21 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages) or None for 
                                       dtype="bfloat16"), (64, 32, 64, 2)),
     "wide-256-two-channel-tiles": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=300, input_size=(20, 20),
                                             filter_size=3, padding=1, dtype="bfloat16"), (128, 256, 64, 4)),
+    "pingpong-many-tiles-per-block": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64),
+                                               filter_size=3, padding=1, dtype="bfloat16"), (64, 32, 64, 3, True)),
+    "pingpong-one-or-two-tiles-per-block-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
+                                                          filter_size=3, padding=1, dilation=(1, 2), dpitch=24,
+                                                          dtype="float32", math="tf32"), (128, 128, 128, 5, True)),
     "one-by-one": (ConvSpec(dims=2, layout="NHWC", n=2, c=128, k=256, input_size=(13, 13), filter_size=1,
                             dtype="float16"), None),
+    "tf32-m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=75, input_size=(17, 23),
+                                                  filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=24,
+                                                  dtype="float32", math="tf32"), (128, 64, 64, 3)),
+    "tf32-3d-two-consumers": (ConvSpec(dims=3, layout="NDHWC", n=2, c=36, k=130, input_size=(5, 9, 11),
+                                       filter_size=3, stride=(1, 2, 1), padding=1, dtype="float32", math="tf32"),
+                              (256, 128, 128, 4)),
+    "tf32-odd-k": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=37, input_size=(13, 11), filter_size=(3, 5),
+                            padding=(1, 2), dtype="float32", math="tf32"), None),
 }
 
 
@@ -129,9 +148,22 @@ def test_odd_shapes_within_the_error_bound(name):
     spec, shape = ODD_CASES[name]
     tiles = FAMILY.heuristic_tiles(spec, present()) if shape is None else MmaTiles(
         block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2], warp_n=shape[1],
-        stages=shape[3], wgmma=True)
+        stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False)
     x, w = _inputs(spec, seed=11)
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
+
+
+def test_tf32_operands_are_truncated_as_the_plan_says():
+    """Operands 1 + 3 x 2^-12, just past a TF32 rounding tie: read as TF32 by truncation they are 1,
+    so every output is exactly C; rounded to nearest they would be 1 + 2^-10 (C x 1.00195...)."""
+    import cupy
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=1, c=16, k=32, input_size=(8, 8), filter_size=1, dtype="float32",
+                    math="tf32")
+    kernel = build("implicit_gemm", spec)
+    assert kernel.plan.variant == "wgmma" and kernel.plan.tf32_truncated
+    x, w = (cupy.full(shape, 1 + 3 * 2.0**-12, dtype=cupy.float32) for shape in ((1, 8, 8, 16), (32, 1, 1, 16)))
+    assert (cupy.asnumpy(kernel(x, w)) == 16.0).all()
 
 
 def test_build_runs_the_wgmma_kernel_on_the_h100():
@@ -154,16 +186,22 @@ def test_against_torch_at_the_same_precision(spec, seed):
 
     x, w = _inputs(spec, seed)
     ours = _run(spec, x, w, FAMILY.heuristic_tiles(spec, present()))
-    dtype = torch.float16 if spec.dtype is DType.float16 else torch.bfloat16
+    dtype = {DType.float16: torch.float16, DType.bfloat16: torch.bfloat16, DType.float32: torch.float32}[spec.dtype]
     inputs = [torch.from_numpy(precision.from_storage(a, spec.dtype)).to("cuda")[..., : spec.c].movedim(-1, 1)
               .to(dtype).contiguous() for a in (x, w)]
     conv = F.conv2d if spec.dims == 2 else F.conv3d
-    theirs = conv(*inputs, stride=spec.stride, padding=spec.padding, dilation=spec.dilation).movedim(1, -1)
-    excess = np.abs(ours - theirs.double().cpu().numpy()) - 2 * precision.error_bound(spec, x, w)
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True      # PyTorch's TF32 (its default)
+    try:
+        theirs = conv(*inputs, stride=spec.stride, padding=spec.padding, dilation=spec.dilation).movedim(1, -1)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
+    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.dtype is DType.float32)
+    excess = np.abs(ours - theirs.double().cpu().numpy()) - 2 * bound
     assert not (excess > 0).any(), f"{spec.describe()}: {int((excess > 0).sum())} output(s) differ from PyTorch's"
 
 
-@pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided"])
+@pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided", "tf32-m-n-k-tails-stride-dilation"])
 def test_emitted_selftest_passes_on_the_gpu(name, tmp_path):
     """The standalone file, built with plain nvcc for sm_90a, checks itself against its CPU reference."""
     path = emit("implicit_gemm", ODD_CASES[name][0], tmp_path / "kernel.cu", target="h100")

@@ -503,7 +503,7 @@ def test_tensor_core_space_holds_only_tiles_the_spec_and_target_take(spec):
     for tiles in space:
         t = MmaTiles(**tiles)
         check_tiles(spec, t, as_device(present()))
-        assert 32 <= t.block_m <= 256 and t.stages in (2, 3, 4)
+        assert 32 <= t.block_m <= 256 and t.stages in ((2, 3, 4, 5) if t.wgmma else (2, 3, 4))
     for tiles in space[:: max(1, len(space) // 6)]:
         plan("implicit_gemm", spec, tiles)
     assert family.heuristic_tiles(spec).to_dict() in space
@@ -514,7 +514,9 @@ def test_the_bf16_space_is_wide_and_seeded_with_cutlass_shapes():
     space = get_family("implicit_gemm", BF16).tuning_space(BF16)
     assert {t["block_n"] for t in space} == {32, 64}                 # no wider than the 64 channels
     assert {t["block_m"] for t in space} == {32, 64, 128, 256}
-    assert {t["block_k"] for t in space} == {16, 32, 64} and {t["stages"] for t in space} == {2, 3, 4}
+    assert {t["block_k"] for t in space} == {16, 32, 64} and {t["stages"] for t in space} == {2, 3, 4, 5}
+    assert {t["stages"] for t in space if not t.get("wgmma")} == {2, 3, 4}
+    assert any(t.get("pingpong") for t in space)
     assert all(t["warp_n"] % 16 == 0 for t in space)
     seeds = get_family("implicit_gemm", BF16).tuning_seeds(BF16)
     assert dict(block_m=128, block_n=64, block_k=32, warp_m=64, warp_n=32, stages=4) in seeds

@@ -27,15 +27,22 @@ SPECS = {  # tails along M, N and K; padding, stride, dilation; a pitch past C; 
                          stride=(1, 2, 1), padding=1, dtype="bfloat16"),
     "3d-ndhwc-unpadded-tail": ConvSpec(dims=3, layout="NDHWC", n=1, c=8, k=24, input_size=(3, 7, 9),
                                        filter_size=(1, 3, 2), dtype="float16"),
+    "2d-nhwc-tf32-odd": ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=75, input_size=(17, 23), filter_size=3, stride=2,
+                                 padding=1, dilation=(1, 2), dpitch=24, dtype="float32", math="tf32"),
+    "3d-ndhwc-tf32": ConvSpec(dims=3, layout="NDHWC", n=1, c=12, k=40, input_size=(5, 9, 11), filter_size=3,
+                              stride=(1, 2, 1), padding=1, dtype="float32", math="tf32"),
 }
 SHAPES = [  # (block_m, block_n, warp_m, stages): each block_n, one and two consumer warpgroups of 64 and 128 rows
     (64, 32, 64, 2), (128, 32, 64, 3), (128, 64, 128, 4), (256, 128, 128, 4), (128, 256, 64, 4), (256, 64, 128, 5),
 ]
 
 
-def _tiles(spec: ConvSpec, block_m: int, block_n: int, warp_m: int, stages: int) -> MmaTiles:
+PINGPONG_SHAPES = [(64, 32, 64, 2), (128, 128, 128, 5), (64, 256, 64, 5), (128, 64, 128, 6)]
+
+
+def _tiles(spec: ConvSpec, block_m: int, block_n: int, warp_m: int, stages: int, pingpong: bool = False) -> MmaTiles:
     return MmaTiles(block_m=block_m, block_n=block_n, block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m,
-                    warp_n=block_n, stages=stages, wgmma=True)
+                    warp_n=block_n, stages=stages, wgmma=True, pingpong=pingpong)
 
 
 def _compiles_clean(spec: ConvSpec, tiles: MmaTiles) -> None:
@@ -54,9 +61,60 @@ def test_heuristic_kernels_compile_for_sm_90a_without_warnings_or_spills(name, c
     _compiles_clean(spec, tiles)
 
 
+@pytest.mark.parametrize("name", ["2d-nhwc-odd", "2d-nhwc-tf32-odd"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{n}-wm{w}-s{s}" for m, n, w, s in SHAPES])
-def test_every_tile_shape_compiles_without_warnings_or_spills(shape, cache_dir):
-    _compiles_clean(SPECS["2d-nhwc-odd"], _tiles(SPECS["2d-nhwc-odd"], *shape))
+def test_every_tile_shape_compiles_without_warnings_or_spills(shape, name, cache_dir):
+    _compiles_clean(SPECS[name], _tiles(SPECS[name], *shape))
+
+
+@pytest.mark.parametrize("name", ["2d-nhwc-odd", "2d-nhwc-tf32-odd"])
+@pytest.mark.parametrize("shape", PINGPONG_SHAPES, ids=[f"pingpong-{m}x{n}-s{s}" for m, n, _, s in PINGPONG_SHAPES])
+def test_every_pingpong_shape_compiles_without_warnings_or_spills(shape, name, cache_dir):
+    _compiles_clean(SPECS[name], _tiles(SPECS[name], *shape, pingpong=True))
+
+
+def test_pingpong_source_alternates_the_consumers_on_named_barriers():
+    """Each consumer warpgroup waits for the other's previous tile before its MMAs and lets the other
+    start once its own have retired; one warpgroup's four warps release each stage."""
+    spec = SPECS["2d-nhwc-conv8"]
+    code = render_kernels(FAMILY.plan(spec, _tiles(spec, 128, 128, 128, 5, pingpong=True), H100)).code
+    order = wgmma_gemm.ORDER_BARRIER
+    assert f'"bar.sync %0, 256;" :: "r"({order} + group)' in code
+    assert f'"bar.arrive %0, 256;" :: "r"({order} + 1 - group)' in code
+    assert "convgen_barrier_init(empty + 8u * s, 4);" in code and "ordinal += 2" in code
+    shared = render_kernels(FAMILY.plan(spec, _tiles(spec, 256, 128, 128, 4), H100)).code
+    assert "bar.arrive" not in shared and "convgen_barrier_init(empty + 8u * s, 8);" in shared
+
+
+def test_pingpong_needs_wgmma_and_whole_tiles():
+    with pytest.raises(SpecError) as error:
+        MmaTiles(pingpong=True)
+    assert error.value.field == "tiles.pingpong"
+    with pytest.raises(SpecError) as error:
+        _tiles(SPECS["2d-nhwc-odd"], 256, 128, 128, 4, pingpong=True)
+    assert error.value.field == "tiles.block_m" and "pingpong" in error.value.allowed
+    assert wgmma_gemm.threads(_tiles(SPECS["2d-nhwc-odd"], 64, 128, 64, 5, pingpong=True)) == 384
+
+
+def test_heuristic_takes_pingpong_where_shared_tiles_would_leave_one_consumer():
+    """conv12's 3200 x 512 GEMM fills the SMs only with 64-row shared tiles (one consumer
+    warpgroup): ping-pong with 64x256 tiles instead; conv8 and c3d_conv3 keep two consumers a tile."""
+    conv12 = ConvSpec(dims=2, layout="NHWC", n=128, c=512, k=512, input_size=(7, 7), filter_size=3, dtype="bfloat16")
+    for spec in (conv12, replace(conv12, dtype="float32", math="tf32")):
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+        assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.stages, tiles.pingpong) == (64, 256, 64, 5, True)
+    conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3, dtype="bfloat16")
+    assert not FAMILY.heuristic_tiles(conv8, H100).pingpong
+    assert not FAMILY.heuristic_tiles(replace(conv8, dtype="float32", math="tf32"), H100).pingpong
+
+
+def test_requested_rows_leave_pingpong_off_unless_asked_for():
+    conv12 = ConvSpec(dims=2, layout="NHWC", n=128, c=512, k=512, input_size=(7, 7), filter_size=3, dtype="bfloat16")
+    assert FAMILY.complete_tiles(conv12, {"wgmma": True}, H100).pingpong
+    shared = FAMILY.complete_tiles(conv12, {"wgmma": True, "block_m": 256, "block_n": 128}, H100)
+    assert (shared.block_m, shared.warp_m, shared.pingpong) == (256, 128, False)
+    asked = FAMILY.complete_tiles(conv12, {"wgmma": True, "warp_m": 128, "block_n": 128, "pingpong": True}, H100)
+    assert (asked.block_m, asked.warp_m, asked.pingpong) == (128, 128, True)
 
 
 def test_sixty_four_bit_indices_compile_without_spills(cache_dir):
@@ -80,13 +138,32 @@ def test_source_issues_warpgroup_mmas_from_swizzled_descriptors():
     assert plan.launches[0].grid[0] == min(plan.context.tiles_total, H100.sm_count)
 
 
+def test_tf32_source_reads_float32_bits_with_k8_mmas_and_stores_floats():
+    """TF32 takes k8 MMAs without the 16-bit transpose immediates, stores the FP32 sums unrounded,
+    and its plan says the operands are truncated, which doubles the bound's product error."""
+    spec = SPECS["2d-nhwc-tf32-odd"]
+    plan = FAMILY.plan(spec, _tiles(spec, 128, 64, 64, 3), H100)
+    code = render_kernels(plan).code
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in code and "p, 1, 1;" in code
+    assert "typedef float convgen_element;" in code and "cvt.rn" not in code
+    assert plan.tf32_truncated and plan.context.BK == 32 and plan.context.chunk_elements == 4
+    assert not FAMILY.plan(SPECS["2d-nhwc-odd"], _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3), H100).tf32_truncated
+    assert not FAMILY.plan(spec, FAMILY.default_tiles(spec, device=H100), H100).tf32_truncated   # mma.sync rounds
+    truncated = FAMILY.roundoff(spec, plan)
+    rounded = FAMILY.roundoff(spec, FAMILY.plan(spec, FAMILY.default_tiles(spec, device=H100), H100))
+    assert truncated.operand == 2 * rounded.operand == 2.0**-10 and truncated.product > 1.9 * rounded.product
+
+
 def test_chooser_takes_wgmma_on_sm_90_and_mma_sync_elsewhere():
     covered = SPECS["2d-nhwc-odd"]
-    assert api.plan("implicit_gemm", covered, target="h100").variant == "wgmma"
+    for spec in (covered, replace(covered, dtype="float32", math="tf32"), SPECS["2d-nhwc-tf32-odd"]):
+        assert api.plan("implicit_gemm", spec, target="h100").variant == "wgmma", spec.describe()
     assert api.plan("implicit_gemm", covered, target="a100").variant == "mma"
     assert api.plan("implicit_gemm", covered, target="b200").variant == "mma"   # wgmma is sm_90a's alone
+    tf32 = SPECS["2d-nhwc-tf32-odd"]
     for uncovered in (replace(covered, layout="NCHW", dpitch=None), replace(covered, c=5, dpitch=None),
-                      replace(covered, dpitch=44), replace(covered, dtype="float32", math="tf32")):
+                      replace(covered, dpitch=44), replace(covered, dtype="float32", math="3xtf32"),
+                      replace(tf32, c=6, dpitch=None), replace(tf32, dpitch=22)):
         assert api.plan("implicit_gemm", uncovered, target="h100").variant == "mma", uncovered.describe()
     assert FAMILY.default_tiles(covered, device=H100).wgmma is False   # the portable kernel stays the default
 
@@ -107,20 +184,22 @@ def test_heuristic_tiles_are_valid_for_every_covered_spec(spec, dtype, c, extra,
 
 
 def test_heuristic_fills_the_sms_before_growing_the_tile():
-    conv12 = ConvSpec(dims=2, layout="NHWC", n=128, c=512, k=512, input_size=(7, 7), filter_size=3, dtype="bfloat16")
     conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3,
                      dtype="bfloat16")
     c3d_conv3 = ConvSpec(dims=3, layout="NDHWC", n=8, c=128, k=256, input_size=(8, 28, 28), filter_size=3,
                          padding=1, dtype="bfloat16")
     assert (FAMILY.heuristic_tiles(conv8, H100).block_m, FAMILY.heuristic_tiles(conv8, H100).block_n) == (256, 128)
     assert (FAMILY.heuristic_tiles(c3d_conv3, H100).block_m, FAMILY.heuristic_tiles(c3d_conv3, H100).block_n) == (128, 256)
-    tiles = FAMILY.heuristic_tiles(conv12, H100)
-    assert -(-3200 // tiles.block_m) * -(-512 // tiles.block_n) >= H100.sm_count
+    medium = ConvSpec(dims=2, layout="NHWC", n=8, c=64, k=128, input_size=(50, 50), filter_size=1, dtype="bfloat16")
+    tiles = FAMILY.heuristic_tiles(medium, H100)     # 256x128 gives 79 tiles, 128x128 157
+    assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.pingpong) == (128, 128, 64, False)
 
 
 def test_tiles_name_wgmma_only_where_set():
     """The mma.sync kernels keep the records and names (a hash of the tiles' description) they had before the field."""
     assert "wgmma" not in MmaTiles().to_dict() and MmaTiles.from_dict(MmaTiles().to_dict()) == MmaTiles()
+    assert "pingpong" not in _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).to_dict()
+    assert _tiles(SPECS["2d-nhwc-odd"], 128, 64, 128, 3, pingpong=True).describe().endswith("wgmma=True pingpong=True")
     assert MmaTiles().describe() == "block_m=128 block_n=128 block_k=32 warp_m=64 warp_n=64 stages=3"
     assert _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).describe().endswith("wgmma=True")
 
@@ -164,7 +243,8 @@ def test_wgmma_asked_for_below_or_beside_sm_90_is_refused_before_compiling(targe
 
 
 @pytest.mark.parametrize("change", [{"layout": "NCHW", "dpitch": None}, {"c": 12, "dpitch": None},
-                                    {"dtype": "float32", "math": "tf32"}])
+                                    {"dtype": "float32", "math": "3xtf32"},
+                                    {"dtype": "float32", "math": "tf32", "c": 10, "dpitch": None}])
 def test_wgmma_asked_for_on_a_spec_it_does_not_cover_is_refused(change):
     spec = replace(SPECS["2d-nhwc-odd"], **change)
     with pytest.raises(SpecError) as error:
@@ -196,7 +276,7 @@ def test_emitted_file_names_sm_90a_and_its_variant():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("name", ["2d-nhwc-odd", "3d-ndhwc", "2d-nhwc-conv8"])
+@pytest.mark.parametrize("name", ["2d-nhwc-odd", "3d-ndhwc", "2d-nhwc-conv8", "2d-nhwc-tf32-odd"])
 def test_emitted_file_builds_with_plain_nvcc_without_warnings(name, tmp_path):
     path = emit("implicit_gemm", SPECS[name], tmp_path / f"{name}.cu")
     built = subprocess.run(["nvcc", *build_flags(path.read_text()), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",

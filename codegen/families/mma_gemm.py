@@ -107,25 +107,33 @@ class MmaTiles(Tiles):
                   "multiple of 16); with wgmma, block_n", choices=(8, 16, 32, 64, 128, 256)),
         TileParam("stages", "shared-memory stages of the pipeline (slices in flight while one is multiplied)",
                   choices=(2, 3, 4, 5, 6)),
-        TileParam("wgmma", "sm_90 only: Hopper's warpgroup MMA (channels-last float16 and bfloat16 with 16-byte "
-                  "channel runs); warp_m x warp_n is then a consumer warpgroup's tile (64 or 128 rows, block_n "
-                  "columns), block_k the 128-byte slice", choices=(False, True)),
+        TileParam("wgmma", "sm_90 only: Hopper's warpgroup MMA (channels-last float16, bfloat16, and float32 with "
+                  "math tf32, with 16-byte channel runs); warp_m x warp_n is then a consumer warpgroup's share of "
+                  "the tile (64 or 128 rows, block_n columns), block_k the 128-byte slice", choices=(False, True)),
+        TileParam("pingpong", "with wgmma: two consumer warpgroups take alternate block_m x block_n tiles whole "
+                  "(block_m = warp_m), so that one's epilogue runs under the other's MMAs (CUTLASS's ping-pong "
+                  "schedule); off, the consumer warpgroups share each tile", choices=(False, True)),
     )
     wgmma: bool = False
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.pingpong and not self.wgmma:
+            raise SpecError("tiles.pingpong", True, "schedules wgmma's consumer warpgroups: set wgmma too, or leave "
+                            "pingpong off")
         if self.wgmma:
             wgmma_gemm.check_geometry(self)
         else:
             check_geometry(self)
 
     def to_dict(self) -> dict:
-        """The fields, wgmma only where set: the mma.sync kernels keep the tuning records, kernel names
-        (a hash of ``describe``) and catalogue files they had before the variant existed."""
+        """The fields, wgmma and pingpong only where set: the kernels keep the tuning records, kernel
+        names (a hash of ``describe``) and catalogue files they had before those fields existed."""
         fields = super().to_dict()
-        if not self.wgmma:
-            del fields["wgmma"]
+        for flag in ("wgmma", "pingpong"):
+            if not getattr(self, flag):
+                del fields[flag]
         return fields
 
     @property
@@ -445,14 +453,20 @@ class TensorCoreGemm(Family):
         """The tiles a user asked for, the rest from the heuristic (the WGMMA kernel's where wgmma is
         asked for: the spec and target are checked first); a CTA tile asked for without its warp tile
         keeps the heuristic's warp tile where it fits, else takes the whole CTA tile, and with wgmma a
-        consumer warpgroup spans block_n and takes half of block_m from 128 rows up."""
+        consumer warpgroup spans block_n and takes half of block_m from 128 rows up (all of it with
+        pingpong, which a requested block_m or warp_m leaves off unless pingpong is asked for too)."""
         if requested.get("wgmma") is True:
             wgmma_gemm.check_spec(spec, as_device(device))
             base = wgmma_gemm.heuristic_fields(spec, device)
+            rows_asked = any(isinstance(requested.get(name), int) for name in ("block_m", "warp_m"))
+            base["pingpong"] = requested.get("pingpong", base.get("pingpong", False) and not rows_asked)
             if isinstance(requested.get("block_n"), int) and "warp_n" not in requested:
                 base["warp_n"] = requested["block_n"]
             if isinstance(requested.get("block_m"), int) and "warp_m" not in requested:
-                base["warp_m"] = requested["block_m"] // (wgmma_gemm.MAX_CONSUMERS if requested["block_m"] >= 128 else 1)
+                whole = base["pingpong"] or requested["block_m"] < 2 * wgmma_gemm.MMA_ROWS
+                base["warp_m"] = requested["block_m"] // (1 if whole else wgmma_gemm.MAX_CONSUMERS)
+            if isinstance(requested.get("warp_m"), int) and "block_m" not in requested and base["pingpong"]:
+                base["block_m"] = requested["warp_m"]
             return MmaTiles.from_dict({**base, **requested})
         base = heuristic_tiles(spec, device).to_dict()
         for block, warp in (("block_m", "warp_m"), ("block_n", "warp_n")):

@@ -1,20 +1,27 @@
-"""Implicit-GEMM convolution on Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a): float16 and
-bfloat16 on channels-last data whose channel runs allow 16-byte copies; the variant ``wgmma`` of
-implicit_gemm's tensor-core kernel (``mma_gemm``), which owns the tiles and the family.
+"""Implicit-GEMM convolution on Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a): float16,
+bfloat16 and float32 with math tf32 on channels-last data whose channel runs allow 16-byte copies;
+the variant ``wgmma`` of implicit_gemm's tensor-core kernel (``mma_gemm``), which owns the tiles and
+the family.
 
 The GEMM is mma_gemm's: M output pixels, N output channels, K = C x taps in the filter's own order,
 A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n * GEMM_K
 + k].  A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or two
 consumer warpgroups.  The producer fills a ring of ``stages`` k-slices of 64 elements (128 bytes a
-row, A and B both k-major) with 16-byte ``cp.async`` copies into the 128-byte swizzle (chunk j of
+row: 64 16-bit or 32 float32 elements, A and B both k-major) with 16-byte ``cp.async`` copies into the 128-byte swizzle (chunk j of
 row r at j ^ (r % 8)), zero-filled where a tap lies in the padding or past M, N or K, and each of
 its threads arrives on the slice's "full" mbarrier once its copies have landed.  Each consumer
 warpgroup owns warp_m rows of the block_m x block_n tile: it waits on "full", orders the copies'
 writes before its MMAs (``fence.proxy.async``: wgmma reads shared memory through the async proxy,
-cp.async writes through the generic one), issues m64n{block_n}k16 MMAs from two shared-memory
-descriptors, and releases the slice on its "empty" mbarrier once the next slice's MMAs are issued
+cp.async writes through the generic one), issues m64n{block_n}k16 (16-bit) or k8 (TF32) MMAs from two
+shared-memory descriptors, and releases the slice on its "empty" mbarrier once the next slice's MMAs are issued
 and this one's retired.  The FP32 accumulators are rounded once, in the epilogue, and stored from
 registers while the producer already fills the next tile's slices.
+
+TF32 operands reach the tensor cores as the float32 bits ``cp.async`` copied: wgmma reads them from
+shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
+float data do.  Rounding them to nearest would take a pass over every slice in shared memory, as
+many bytes again as the MMAs read; the error bound takes the truncation instead
+(``KernelPlan.tf32_truncated``).
 
 A pixel's base offset and padded-axis origins are computed once per tile into a shared table
 (``pixel_entry_bytes``): the producer's few registers (``REGISTER_SPLIT``) could not hold them for
@@ -29,7 +36,7 @@ from codegen import index
 from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context,
                                    kernel_name)
-from codegen.spec import ConvSpec, DType, SpecError
+from codegen.spec import ConvSpec, DType, MathMode, SpecError
 from codegen.terms.gemm import gemm_sizes, gemm_terms
 
 VARIANT = "wgmma"
@@ -43,15 +50,18 @@ WARPGROUP = 128
 MMA_ROWS = 64
 """The M of one wgmma: a consumer warpgroup's rows are 1 or 2 such blocks."""
 MMA_K_BYTES = 32
-"""The k of one 16-bit wgmma (16 elements), as a step of the descriptor's start address."""
+"""The k of one wgmma (16 16-bit or 8 TF32 elements), as a step of the descriptor's start address."""
 MAX_ACCUMULATORS = 128
 """FP32 accumulators per consumer thread (a warpgroup's 64x256 or 128x128 tile)."""
 MAX_CONSUMERS = 2
 BLOCK_N_CHOICES = (32, 64, 128, 256)
 """Output-channel tiles: powers of two up to wgmma's largest N (256), from 32 so that the tuner's
 space stays small (the producer copies B in passes of 16 rows; 16 would work too)."""
-TUNING_STAGES = (2, 3, 4)
-"""Stages the tuner tries: on the prototype 5 ran no faster than 4."""
+TUNING_STAGES = (2, 3, 4, 5)
+"""Stages the tuner tries: on the prototype 5 ran no faster than 4 with shared tiles; ping-pong's
+smaller tiles gained from 4 to 5 (conv12, 64x256: 455 to 462 TFLOP/s in BF16)."""
+PINGPONG_STAGES = 5
+"""Ping-pong's stages: 5 ran 1-5 % faster than 4 on conv8 and conv12, 6 no faster than 5."""
 REGISTER_SPLIT = (56, 224)
 """``setmaxnreg`` registers of a producer and a consumer thread with two consumer warpgroups
 (384 threads, 64,512 of the 65,536): at 40 the producer spilled 4 bytes on 256-channel tiles."""
@@ -59,16 +69,22 @@ TABLE_REGISTERS = 32
 """Registers a producer thread gives the table entries it loads before their copies (of its 56)."""
 PIXEL_ENTRY_ALIGNMENT = 16
 """A pixel's table entry is 16-byte aligned, so that one shared load reads it."""
+MMA_TYPES = {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "tf32"}
+"""wgmma's operand type for each dtype (float32 with math tf32 only)."""
+ORDER_BARRIER = 2
+"""The first of ping-pong's two named barriers (0 is __syncthreads', 1 the producer's)."""
 DEFAULT_STAGES = 4
 """H100, BF16 256x128 tiles: 4 stages ran conv8 8 % faster than 3 (c3d_conv2 3 % slower)."""
 
 
 def covers(spec: ConvSpec) -> bool:
-    """Channels-last float16 or bfloat16 with C and the pitch multiples of 8, so that every 16-byte
-    copy is 8 channels of one pixel at one tap, and every filter row 16-byte aligned."""
+    """Channels-last float16 or bfloat16 with C and the pitch multiples of 8, or float32 with math
+    tf32 and multiples of 4, so that every 16-byte copy is channels of one pixel at one tap, and
+    every filter row 16-byte aligned."""
     unit = CHUNK_BYTES // spec.dtype.itemsize
-    return (spec.dtype in (DType.float16, DType.bfloat16) and spec.layout.channels_last
-            and spec.c % unit == 0 and spec.pitch % unit == 0)
+    precision = (spec.dtype in (DType.float16, DType.bfloat16)
+                 or (spec.dtype is DType.float32 and spec.math is MathMode.tf32))
+    return precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
 
 
 def runs_on(device: Device) -> bool:
@@ -81,7 +97,8 @@ def slice_k(spec: ConvSpec) -> int:
 
 
 def consumers(tiles) -> int:
-    return tiles.block_m // tiles.warp_m
+    """Consumer warpgroups: ping-pong's two, each with whole tiles; else one per warp_m rows of the tile."""
+    return MAX_CONSUMERS if tiles.pingpong else tiles.block_m // tiles.warp_m
 
 
 def threads(tiles) -> int:
@@ -99,6 +116,9 @@ def check_geometry(tiles) -> None:
     if tiles.warp_n != tiles.block_n:
         raise SpecError("tiles.warp_n", tiles.warp_n, f"must equal block_n ({tiles.block_n}) with wgmma: each consumer "
                         "warpgroup spans the tile's output channels")
+    if tiles.pingpong and tiles.block_m != tiles.warp_m:
+        raise SpecError("tiles.block_m", tiles.block_m, f"must equal warp_m ({tiles.warp_m}) with pingpong: each "
+                        "consumer warpgroup takes whole tiles")
     if tiles.block_m % tiles.warp_m or not 1 <= consumers(tiles) <= MAX_CONSUMERS:
         raise SpecError("tiles.block_m", tiles.block_m, f"must be 1 or {MAX_CONSUMERS} times warp_m ({tiles.warp_m}) "
                         "with wgmma: one consumer warpgroup per warp_m rows")
@@ -113,9 +133,10 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
         raise SpecError("tiles.wgmma", True, f"needs sm_{ARCH} (wgmma is an sm_{ARCH}a instruction); the target "
                         f"{device.name} is {device.arch}: leave wgmma off for the portable mma.sync kernel")
     if not covers(spec):
-        raise SpecError("tiles.wgmma", True, f"takes channels-last float16 or bfloat16 with C and the channel pitch "
-                        f"multiples of {CHUNK_BYTES // spec.dtype.itemsize} (16-byte copies); this spec is "
-                        f"{spec.layout.value} {spec.dtype.value} with C {spec.c}, pitch {spec.pitch}")
+        math = f" math={spec.math.value}" if spec.dtype is DType.float32 else ""
+        raise SpecError("tiles.wgmma", True, "takes channels-last float16, bfloat16, or float32 with math tf32, with "
+                        "C and the channel pitch multiples of 8 (16-bit) or 4 (float32) for 16-byte copies; this spec "
+                        f"is {spec.layout.value} {spec.dtype.value}{math} with C {spec.c}, pitch {spec.pitch}")
 
 
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
@@ -176,19 +197,40 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     im2col operand, is then read for fewer channel tiles); where none does, the smallest.  256x128
     ran conv8 and c3d_conv2 at 386 and 410 TFLOP/s (128x128: 360, 397; 256x64: 277, 266); on
     c3d_conv3 (K 256) 128x256 ran 566 against 441 for 256x128.  Two consumer warpgroups where the
-    tile has 128 rows or more; ``DEFAULT_STAGES`` stages or as many as fit."""
+    tile has 128 rows or more; ``DEFAULT_STAGES`` stages or as many as fit.
+
+    Where that leaves a 64-row tile, one consumer warpgroup, the two take alternate tiles instead
+    (``pingpong``), with ``PINGPONG_STAGES`` stages, of the warpgroup tile that leaves the busiest SM
+    the least work (tiles per SM, rounded up, times the tile's area), at equal work the largest and
+    then the widest, among tiles at least half the largest's area (smaller ones multiply less per
+    byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200 x 512 x 4608) every shape leaves one 16384-element tile's work,
+    and 64x256 ran 462 TFLOP/s in BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276,
+    262, 201, 165).  Where tiles are many, ping-pong ran conv8 7 % faster in BF16 but 4-21 % slower
+    in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there."""
     device = as_device(device)
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
-    largest = MAX_CONSUMERS * WARPGROUP * MAX_ACCUMULATORS
-    shapes = sorted(((block_m, block_n) for block_n in BLOCK_N_CHOICES if block_n <= widest
-                     for block_m in (256, 128, 64) if block_m * block_n <= largest),
-                    key=lambda shape: (-shape[0] * shape[1], -shape[1]))
-    block_m, block_n = next((shape for shape in shapes if _tile_count(gemm_m, gemm_n, *shape) >= device.sm_count),
-                            shapes[-1])
-    warp_m = block_m if block_m == MMA_ROWS else block_m // MAX_CONSUMERS
-    fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": warp_m, "warp_n": block_n,
-              "stages": DEFAULT_STAGES, "wgmma": True}
+
+    def largest_filling(largest: int, rows: tuple[int, ...]) -> tuple[int, int]:
+        shapes = sorted(((block_m, block_n) for block_n in BLOCK_N_CHOICES if block_n <= widest
+                         for block_m in rows if block_m * block_n <= largest),
+                        key=lambda shape: (-shape[0] * shape[1], -shape[1]))
+        return next((shape for shape in shapes if _tile_count(gemm_m, gemm_n, *shape) >= device.sm_count),
+                    shapes[-1])
+
+    block_m, block_n = largest_filling(MAX_CONSUMERS * WARPGROUP * MAX_ACCUMULATORS, (256, 128, 64))
+    if block_m == MMA_ROWS:
+        shapes = [(rows, cols) for cols in BLOCK_N_CHOICES if cols <= widest
+                  for rows in (2 * MMA_ROWS, MMA_ROWS) if rows * cols <= WARPGROUP * MAX_ACCUMULATORS]
+        largest = max(rows * cols for rows, cols in shapes)
+        block_m, block_n = min((shape for shape in shapes if 2 * shape[0] * shape[1] >= largest),
+                               key=lambda shape: (-(-_tile_count(gemm_m, gemm_n, *shape) // device.sm_count)
+                                                  * shape[0] * shape[1], -shape[0] * shape[1], -shape[1]))
+        fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m,
+                  "warp_n": block_n, "stages": PINGPONG_STAGES, "wgmma": True, "pingpong": True}
+    else:
+        fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m // MAX_CONSUMERS,
+                  "warp_n": block_n, "stages": DEFAULT_STAGES, "wgmma": True}
     while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
         fields["stages"] -= 1
     return fields
@@ -196,16 +238,18 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
 
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
-    warpgroups of 64 or 128 rows, ``TUNING_STAGES`` stages, where they fit."""
+    warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
+    ``TUNING_STAGES`` stages, where they fit."""
     gemm_n = spec.k
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
     for block_n in (n for n in BLOCK_N_CHOICES if n <= widest):
         for warp_m in (MMA_ROWS, 2 * MMA_ROWS):
-            for count in range(1, MAX_CONSUMERS + 1):
+            for count, pingpong in ((1, False), (2, False), (1, True)):
                 for stages in TUNING_STAGES:
                     fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec),
-                              "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True}
+                              "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True,
+                              **({"pingpong": True} if pingpong else {})}
                     try:
                         shape = _Shape(**fields)
                         check_geometry(shape)
@@ -227,6 +271,7 @@ class _Shape:
     warp_n: int
     stages: int
     wgmma: bool = True
+    pingpong: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,7 +281,9 @@ class WgmmaContext(ConvolutionContext):
     kernel: str
     variant: str
     mma: str
-    """f16 or bf16: the operand type of the MMA and of the epilogue's rounding."""
+    """f16, bf16 or tf32: the operand type of the MMA (and of the epilogue's rounding, 16-bit)."""
+    mma_k: int
+    """The k of one MMA: 16 for 16-bit operands, 8 for TF32."""
     element: DType
     element_bytes: int
     BM: int
@@ -244,6 +291,10 @@ class WgmmaContext(ConvolutionContext):
     BK: int
     WM: int
     consumers: int
+    pingpong: bool
+    """Each consumer warpgroup takes every other tile whole, in turn with the other (named barriers
+    ``order_barrier`` + 0 and + 1), rather than its rows of every tile."""
+    order_barrier: int
     m_blocks: int
     """64-row MMAs of a consumer warpgroup."""
     k_steps: int
@@ -304,9 +355,9 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     context = WgmmaContext(
         **index.template_context(alg, _padded_rows(alg, tiles), column_matrix=False),
         **convolution_selftest_context(alg),
-        kernel=name, variant=VARIANT, mma="f16" if spec.dtype is DType.float16 else "bf16", element=spec.dtype,
+        kernel=name, variant=VARIANT, mma=MMA_TYPES[spec.dtype], mma_k=MMA_K_BYTES // itemsize, element=spec.dtype,
         element_bytes=itemsize, BM=tiles.block_m, BN=tiles.block_n, BK=tiles.block_k, WM=tiles.warp_m,
-        consumers=consumers(tiles), m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
+        consumers=consumers(tiles), pingpong=tiles.pingpong, order_barrier=ORDER_BARRIER, m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
         threads=threads(tiles), stages=tiles.stages,
         register_split=REGISTER_SPLIT if consumers(tiles) == MAX_CONSUMERS else None,
         slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS,
@@ -325,6 +376,6 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("y", alg.output_shape, "out", itemsize * (2 if pair_store else 1), spec.dtype))
     return KernelPlan(family.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=ARCH, arch_specific=True,
-                      tensor_cores=True, min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off "
+                      tensor_cores=True, tf32_truncated=spec.dtype is DType.float32, min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off "
                       "for the portable mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
 
