@@ -11,7 +11,8 @@ from pathlib import Path
 from codegen.bench.layers import BATCH, layer_spec, load_shapes
 from codegen.emit import emit_source
 from codegen.files import write_if_changed
-from codegen.families import direct, gemm_heuristic, get_family
+from codegen.device import TARGETS
+from codegen.families import direct, gemm_heuristic, get_family, wgmma_gemm
 from codegen.spec import ConvSpec, replace
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -19,6 +20,8 @@ FAMILY_TILES = {"im2col": (None,), "col2im": ({"algorithm": "gather"}, {"algorit
 TENSOR_CORE_PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "tf32": {"math": "tf32"}}
 """The tensor-core implicit GEMM's entries: each benchmark layer in BF16 and in TF32 (float32 data),
 named by the suffix."""
+WGMMA_TARGET = TARGETS["h100"]
+"""The card whose heuristic picks the WGMMA entries' tiles (sm_90a files run on sm_90 alone)."""
 TENSOR_CORE_LAYOUTS = ("NHWC", "NDHWC")
 """Layouts of the tensor-core entries: channels-last only, the layout tensor-core convolutions run in
 (cuDNN's and CUTLASS's) and the one whose A tile comes in 16-byte copies; the channels-first ones
@@ -49,7 +52,8 @@ def entries() -> list[Entry]:
     variant) and the 3D layers (both layouts, default tiles); implicit GEMM for the twelve and the
     3D layers in both layouts, plus its TMA kernel (sm_90) in the channels-last layouts it takes
     and the channels-first ones where its gathered A tile pays, and its tensor-core kernel (sm_80)
-    in BF16 and TF32 in the channels-last layouts; and im2win in the benchmark's channels-first
+    in BF16 and TF32 in the channels-last layouts, with its WGMMA variant (sm_90a, the H100's
+    heuristic tiles) where that takes the layer; and im2win in the benchmark's channels-first
     layouts (heuristic tiles, batch as benchmarked)."""
     shapes = load_shapes()
     found = []
@@ -66,6 +70,9 @@ def entries() -> list[Entry]:
                     tensor_spec = replace(spec, **precision)
                     found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_{suffix}", tensor_spec,
                                        _heuristic("implicit_gemm", tensor_spec)))
+                    if wgmma_gemm.covers(tensor_spec):
+                        found.append(Entry("implicit_gemm", f"{layer['name']}_{layout.lower()}_{suffix}_wgmma",
+                                           tensor_spec, wgmma_gemm.heuristic_fields(tensor_spec, WGMMA_TARGET)))
             if layout in ("NCHW", "NCDHW"):
                 found.append(Entry("im2win", f"{layer['name']}_{layout.lower()}", spec, _heuristic("im2win", spec)))
     for layer in shapes["filter2d"]:

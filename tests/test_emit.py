@@ -26,12 +26,21 @@ def test_catalogue_is_fresh():
     assert not stale, f"generated/ is stale ({len(stale)} files, e.g. {stale[0]}): run 'convgen catalogue'"
 
 
+def entry_named(entries, name: str):
+    return next(e for e in entries if e.name == name)
+
+
 def test_catalogue_covers_every_benchmark_layer_and_layout():
     names = {(e.family, e.name) for e in catalogue.entries()}
     tma = {name for family, name in names if name.endswith("_tma") and family == "implicit_gemm"}
     tensor = {name for family, name in names if name.endswith(("_bf16", "_tf32")) and family == "implicit_gemm"}
-    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma) + len(tensor)
+    wgmma = {name for family, name in names if name.endswith("_wgmma") and family == "implicit_gemm"}
+    assert len(names) == 12 * 2 * 3 + 4 * 6 + 4 * 2 + 16 * 2 + 16 + len(tma) + len(tensor) + len(wgmma)
     assert len(tensor) == 16 * 2 and {"conv4_nhwc_bf16", "conv4_nhwc_tf32", "c3d_conv2_ndhwc_bf16"} <= tensor
+    # the WGMMA variant where it takes the layer: every channels-last one but the C = 3 stems (conv1-3, conv7)
+    stems = ("conv1_", "conv2_", "conv3_", "conv7_")
+    assert wgmma == {f"{name}_wgmma" for name in tensor if not name.startswith(stems)} and len(wgmma) == 12 * 2
+    assert entry_named(catalogue.entries(), "conv12_nhwc_tf32_wgmma").tiles["pingpong"]
     assert all("_nhwc_" in name or "_ndhwc_" in name for name in tensor)   # channels-last only
     specs = {e.name: e.spec for e in catalogue.entries() if e.family == "implicit_gemm"}
     assert specs["conv4_nhwc_bf16"] == replace(specs["conv4_nhwc"], dtype="bfloat16")
