@@ -6,6 +6,9 @@ array fails with a sentence instead of a wrong answer or a crash.
 """
 from __future__ import annotations
 
+import functools
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,10 +103,11 @@ class Kernel:
     """A compiled kernel for one (family, spec, tiles); call it like a function on device arrays.
 
     PyTorch tensors: the first call with arguments of a given signature (each tensor's shape,
-    strides, dtype and device, and each address's residue modulo the alignment its buffer needs)
-    checks them in full; later calls with that signature skip to the launch, so a model calling a
-    layer pays a few microseconds of host time rather than the checks' tens.  Other arrays are
-    checked in full on every call."""
+    whether it is C-contiguous, its dtype and device, and its address's residue modulo the
+    alignment its buffer needs) checks them in full; later calls with that signature skip to the
+    launch, so a model calling a layer pays a few microseconds of host time rather than the checks'
+    tens.  Shape and contiguity stand for the strides: a check's verdict depends on no more of
+    them.  Other arrays are checked in full on every call."""
 
     plan: KernelPlan
     source: KernelSource
@@ -113,13 +117,18 @@ class Kernel:
     """The buffers a call passes, in order: the inputs, then the output."""
     _call_names: tuple[str, ...] = field(init=False, repr=False)
     _call_alignments: tuple[int, ...] = field(init=False, repr=False)
-    _accepted: set = field(default_factory=set, repr=False)
+    _output_strides: tuple[int, ...] = field(init=False, repr=False)
+    """The C-contiguous strides, in elements, of an output this kernel allocates."""
+    _accepted: dict = field(default_factory=dict, repr=False)
+    """Signatures checked in full, each with the device index its tensors are on."""
 
     def __post_init__(self) -> None:
         self._launcher = Launcher(self.plan, self.compiled.cubin)
         self._call_buffers = (*self.plan.inputs, self.plan.output)
-        self._call_names = tuple(b.name for b in self._call_buffers)
+        self._call_names = self._launcher.call_names
         self._call_alignments = tuple(b.alignment for b in self._call_buffers)
+        shape = self.plan.output.shape
+        self._output_strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
     @property
     def spec(self) -> ConvSpec:
@@ -159,46 +168,39 @@ class Kernel:
     def _call_torch(self, inputs: tuple, out: Any) -> Any:
         """PyTorch tensors, launched on PyTorch's current stream, with the output and any workspace
         from PyTorch's caching allocator (what CUDA graph capture needs)."""
-        import torch
-
         first = inputs[0]
         if out is None:
             if not first.is_cuda:
                 _as_cupy(first, self.plan.inputs[0])   # says what is wrong with it
-            out = torch.empty(self.plan.output.shape, dtype=torch_dtype(self.plan.output.dtype), device=first.device)
+            out = first.new_empty_strided(self.plan.output.shape, self._output_strides,
+                                          dtype=torch_dtype(self.plan.output.dtype))
         tensors = (*inputs, out)
         pointers = [t.data_ptr() for t in tensors]
-        signature = (*[(t.shape, t.stride(), t.dtype, t.device) for t in tensors],
-                     *[p % a for p, a in zip(pointers, self._call_alignments)])
-        if signature not in self._accepted:
+        signature = tuple([(t.shape, t.is_contiguous(), t.dtype, t.device, pointer % alignment)
+                           for t, pointer, alignment in zip(tensors, pointers, self._call_alignments)])
+        device_index = self._accepted.get(signature)
+        if device_index is None:
             self._check_torch(inputs, out)
             if len(self._accepted) >= MAX_ACCEPTED_SIGNATURES:
                 self._accepted.clear()
-            self._accepted.add(signature)
-        self.launch_tensors(pointers, first.device)
+            device_index = self._accepted[signature] = first.get_device()
+        self.launch_tensors(pointers, device_index)
         return out
 
-    def launch_tensors(self, pointers: list[int], device) -> None:
+    def launch_tensors(self, pointers: list[int], device_index: int) -> None:
         """Launch on the device addresses of PyTorch tensors (inputs, then the output, in call
-        order) on ``device`` (a ``torch.device``), on PyTorch's current stream there, workspaces
-        from its caching allocator.  Nothing is checked: for callers that checked these tensors
+        order) on CUDA device ``device_index``, on PyTorch's current stream there, workspaces from
+        its caching allocator.  Nothing is checked: for callers that checked these tensors
         themselves (``codegen.torch`` keys them by shape, strides, dtype, device and alignment)."""
-        import torch
-
-        current = torch._C._cuda_getDevice()
-        index = current if device.index is None else device.index
-
-        def allocate(buffer: Buffer):
-            workspace = torch.empty(buffer_bytes(buffer), dtype=torch.uint8, device=device)
-            return workspace, workspace.data_ptr()
-
-        named = dict(zip(self._call_names, pointers))
-        stream = torch._C._cuda_getCurrentRawStream(index)
-        if index == current:
-            self._launcher.run(index, named, stream, allocate)
+        torch_c = sys.modules["torch"]._C   # PyTorch's cheap device and raw-stream queries
+        stream = torch_c._cuda_getCurrentRawStream(device_index)
+        if device_index == torch_c._cuda_getDevice():
+            self._launcher.run(device_index, pointers, stream, _torch_workspace)
         else:
-            with torch.cuda.device(index):
-                self._launcher.run(index, named, stream, allocate)
+            import torch
+
+            with torch.cuda.device(device_index):
+                self._launcher.run(device_index, pointers, stream, _torch_workspace)
 
     def _check_torch(self, inputs: tuple, out: Any) -> None:
         """The full checks of a CuPy call, on CuPy views of the tensors (no copy)."""
@@ -212,14 +214,24 @@ class Kernel:
         import cupy
 
         stream = stream or cupy.cuda.get_current_stream()
-        pointers = {b.name: a.data.ptr for b, a in zip(self.plan.inputs, arrays)}
-        pointers[self.plan.output.name] = result.data.ptr
+        pointers = [*(a.data.ptr for a in arrays), result.data.ptr]
+        self._launcher.run(result.device.id, pointers, stream.ptr, _cupy_workspace)
 
-        def allocate(buffer: Buffer):
-            workspace = cupy.empty(buffer.shape, dtype=array_dtype(buffer.dtype))
-            return workspace, workspace.data.ptr
 
-        self._launcher.run(result.device.id, pointers, stream.ptr, allocate)
+def _torch_workspace(buffer: Buffer, device_id: int):
+    """A workspace from PyTorch's caching allocator on ``device_id``."""
+    import torch
+
+    workspace = torch.empty(buffer_bytes(buffer), dtype=torch.uint8, device=torch.device("cuda", device_id))
+    return workspace, workspace.data_ptr()
+
+
+def _cupy_workspace(buffer: Buffer, device_id: int):
+    """A workspace from CuPy's pool on the current device (``device_id``)."""
+    import cupy
+
+    workspace = cupy.empty(buffer.shape, dtype=array_dtype(buffer.dtype))
+    return workspace, workspace.data.ptr
 
 
 def check_arch(kernel_plan: KernelPlan, arch: str) -> None:
@@ -328,6 +340,7 @@ def array_dtype(dtype: DType):
     return {DType.float32: cupy.float32, DType.float16: cupy.float16, DType.bfloat16: cupy.uint16}[dtype]
 
 
+@functools.cache
 def torch_dtype(dtype: DType):
     """The PyTorch dtype of tensors holding ``dtype`` (bfloat16 as itself: PyTorch has the type)."""
     import torch
@@ -336,11 +349,11 @@ def torch_dtype(dtype: DType):
 
 
 def _all_torch_tensors(inputs: tuple, out: Any) -> bool:
-    """Whether a call passes PyTorch tensors alone (``out`` too, where given)."""
-    if not type(inputs[0]).__module__.startswith("torch"):
+    """Whether a call passes PyTorch tensors alone (``out`` too, where given); none can exist
+    before PyTorch is imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
         return False
-    import torch
-
     tensor = torch.Tensor
     return all([isinstance(t, tensor) for t in inputs]) and (out is None or isinstance(out, tensor))
 

@@ -3,23 +3,25 @@ arrays and PyTorch tensors alike.
 
 A model calls each layer's kernel once per forward pass, so the host time of a call matters as
 much as the kernel on small layers.  Each launch therefore goes straight to ``cuLaunchKernel``
-with its parameters packed in one ctypes array, from a per-launch recipe (function handle, grid,
-block, shared memory, which buffer and byte offset each parameter is) made the first time that
-launch runs on a device.  Workspaces come from the caller's allocator (CuPy's pool, or PyTorch's
-caching allocator, which CUDA graph capture requires), so nothing here allocates.
+from a per-launch recipe (function handle, grid, block, shared memory, which pointer and byte
+offset each parameter is) made the first time that launch runs on a device, with its parameters
+written into memory the recipe keeps per thread.  Pointers travel as a list in call order (the
+inputs, then the output), not by name.  Workspaces come from the caller's allocator (CuPy's pool,
+or PyTorch's caching allocator, which CUDA graph capture requires), so nothing here allocates.
 """
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from codegen.families.base import BlasGemm, Buffer, KernelPlan, Launch
+from codegen.families.base import BlasGemm, Buffer, KernelPlan, Launch, TensorMap
 from codegen.tiles import STATIC_SHARED_LIMIT
 
-Allocate = Callable[[Buffer], tuple[Any, int]]
-"""Workspace allocator: a buffer -> (an object that keeps its memory alive, its device address)."""
+Allocate = Callable[[Buffer, int], tuple[Any, int]]
+"""Workspace allocator: (a buffer, the device id) -> (an object that keeps its memory alive, its
+device address)."""
 
 MAX_ENCODED_MAPS = 256
 """Tensor maps kept encoded per launcher (one per buffer address): a long run over many buffers
@@ -30,45 +32,88 @@ def buffer_bytes(buffer: Buffer) -> int:
     return buffer.elements * buffer.dtype.itemsize
 
 
-@dataclass(frozen=True)
+class ParameterBlock:
+    """One thread's parameter memory for one launch: the values, and the array of their addresses
+    (after the tensor maps' addresses) that ``cuLaunchKernel`` reads.  Reused call after call:
+    the driver has copied the parameters by the time ``cuLaunchKernel`` returns."""
+
+    def __init__(self, maps: int, count: int):
+        self.values = (ctypes.c_uint64 * count)()
+        self.addresses = (ctypes.c_void_p * (maps + count))()
+        base = ctypes.addressof(self.values)
+        self.addresses[maps:] = [base + 8 * i for i in range(count)]
+        self.address = ctypes.addressof(self.addresses)
+
+
 class LaunchRecipe:
-    """What a ``Launch`` needs per call, resolved once per device: parameters are (buffer name, byte
-    offset) pairs after the launch's tensor maps; the ctypes array types that pack them are made
-    here, once, since making a type costs more than filling one."""
+    """What a ``Launch`` needs per call, resolved once per device: each parameter is a (pointer
+    index, byte offset) pair after the launch's tensor maps, each map a (map, pointer index) pair.
+    ``takes_call_pointers``: the parameters are the call's pointers as they come, in order, so a
+    launch copies them without indexing.  Parameter memory is per thread (``ParameterBlock``), so
+    threads may launch the same kernel at once."""
 
-    function: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int
-    tensor_maps: tuple
-    parameters: tuple[tuple[str, int], ...]
-    values_type: type = field(init=False, repr=False, compare=False)
-    addresses_type: type = field(init=False, repr=False, compare=False)
-    slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    def __init__(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
+                 tensor_maps: tuple[tuple[TensorMap, int], ...], parameters: tuple[tuple[int, int], ...],
+                 takes_call_pointers: bool = False):
+        self.function, self.grid, self.block, self.shared_bytes = function, grid, block, shared_bytes
+        self.tensor_maps = tensor_maps
+        self.parameters = parameters
+        self.takes_call_pointers = takes_call_pointers
+        self.driver_arguments = (function, *grid, *block, shared_bytes)
+        """cuLaunchKernel's arguments before the stream, in its order."""
+        self._per_thread = threading.local()
 
-    def __post_init__(self) -> None:
-        count = len(self.parameters)
-        object.__setattr__(self, "values_type", ctypes.c_uint64 * count)
-        object.__setattr__(self, "addresses_type", ctypes.c_void_p * (len(self.tensor_maps) + count))
-        object.__setattr__(self, "slots", tuple(8 * i for i in range(count)))
+    def parameter_block(self) -> ParameterBlock:
+        """This thread's parameter memory, made on its first launch."""
+        try:
+            return self._per_thread.block
+        except AttributeError:
+            block = self._per_thread.block = ParameterBlock(len(self.tensor_maps), len(self.parameters))
+            return block
+
+    def launch(self, pointers: Sequence[int], stream: int, encode_map: Callable[[TensorMap, int], Any]) -> None:
+        """Pack ``pointers`` into this thread's parameter memory and launch on ``stream``;
+        ``encode_map`` gives a tensor map's encoded bytes for a pointer."""
+        try:
+            block = self._per_thread.block   # parameter_block() without the cost of a call
+        except AttributeError:
+            block = self.parameter_block()
+        if self.takes_call_pointers:
+            block.values[:] = pointers
+        else:
+            block.values[:] = [pointers[index] + offset for index, offset in self.parameters]
+        if self.tensor_maps:
+            maps = [encode_map(tensor_map, pointers[index]) for tensor_map, index in self.tensor_maps]
+            block.addresses[:len(maps)] = [ctypes.addressof(m) for m in maps]
+        launch_kernel(*self.driver_arguments, stream, block.address, 0)
 
 
 class Launcher:
-    """A plan's cubin loaded per device, and the recipes of its launches."""
+    """A plan's cubin loaded per device, and the recipes of its launches.
+
+    ``run`` takes the pointers of the call's buffers (``call_names``: the inputs, then the
+    output); a plan's workspaces follow them in the list its recipes index."""
 
     def __init__(self, plan: KernelPlan, cubin: bytes):
         self.plan = plan
         self.cubin = cubin
+        self.call_names = tuple(b.name for b in (*plan.inputs, plan.output))
+        self._workspaces = plan.workspaces
+        self._index = {name: i for i, name in enumerate((*self.call_names, *(b.name for b in self._workspaces)))}
         self._modules: dict[int, Any] = {}
         self._recipes: dict[tuple[int, int], LaunchRecipe] = {}
+        self._plain_recipes: dict[int, tuple[LaunchRecipe, ...]] = {}
+        """Per device, a plain plan's recipes in order: its every call is these launches alone."""
         self._encoded_maps: dict[tuple, Any] = {}
         self._constant_addresses: dict[tuple[int, str], int] = {}
         named = {b.name: b for b in plan.buffers}
-        self._workspaces = plan.workspaces
-        self._zeroed = (plan.output.name, buffer_bytes(plan.output)) if plan.zero_output else None
-        self._constants = tuple((symbol, name, buffer_bytes(named[name])) for symbol, name in plan.constants)
+        self._zeroed = (self._index[plan.output.name], buffer_bytes(plan.output)) if plan.zero_output else None
+        self._constants = tuple((symbol, self._index[name], buffer_bytes(named[name])) for symbol, name in plan.constants)
         self._steps = None if plan.chunks > 1 else tuple(plan.schedule)
         """A one-chunk plan's steps, kept; a chunked plan's are made as they run (there may be many)."""
+        self._plain = (self._steps is not None and not (self._workspaces or self._zeroed or self._constants)
+                       and not any(isinstance(step, BlasGemm) for step in self._steps))
+        """One chunk of kernel launches on the call's buffers alone: a model's common case."""
 
     def function(self, device_id: int, name: str):
         """The CuPy ``Function`` of kernel ``name``, its module loaded on ``device_id`` once."""
@@ -81,44 +126,41 @@ class Launcher:
             self._modules[device_id] = module
         return self._modules[device_id].get_function(name)
 
-    def run(self, device_id: int, pointers: dict[str, int], stream: int, allocate: Allocate) -> None:
-        """Run the plan on ``pointers`` (every input's and the output's device address, by buffer
-        name) on the stream whose handle is ``stream``, on ``device_id``, which must be current."""
-        if self._workspaces or self._zeroed or self._constants or self._steps is None:
+    def run(self, device_id: int, pointers: Sequence[int], stream: int, allocate: Allocate) -> None:
+        """Run the plan on ``pointers`` (the device address of each call buffer, in call order)
+        on the stream whose handle is ``stream``, on ``device_id``, which must be current."""
+        recipes = self._plain_recipes.get(device_id)
+        if recipes is None:
             self._run_steps(device_id, pointers, stream, allocate)
             return
-        for step in self._steps:   # one chunk of plain launches: a model's common case, kept short
-            self._launch(self._recipes.get((device_id, id(step))) or self._recipe(device_id, step), pointers, stream)
+        for recipe in recipes:
+            recipe.launch(pointers, stream, self._tensor_map)
 
-    def _run_steps(self, device_id: int, pointers: dict[str, int], stream: int, allocate: Allocate) -> None:
+    def _run_steps(self, device_id: int, pointers: Sequence[int], stream: int, allocate: Allocate) -> None:
+        """A plain plan's first call on a device (its recipes kept for the next), or any call of
+        a plan with workspaces, a zeroed output, constants, cuBLAS steps or batch chunks."""
+        if self._plain:
+            recipes = tuple(self._recipe(device_id, step) for step in self._steps)
+            for recipe in recipes:
+                recipe.launch(pointers, stream, self._tensor_map)
+            self._plain_recipes[device_id] = recipes
+            return
         from cupy.cuda import runtime
 
-        kept = [allocate(buffer) for buffer in self._workspaces]
-        if kept:
-            pointers = {**pointers, **{b.name: ptr for b, (_, ptr) in zip(self._workspaces, kept)}}
+        kept = [allocate(buffer, device_id) for buffer in self._workspaces]
+        pointers = [*pointers, *(pointer for _, pointer in kept)]
         if self._zeroed:
-            runtime.memsetAsync(pointers[self._zeroed[0]], 0, self._zeroed[1], stream)
-        for symbol, buffer_name, nbytes in self._constants:
-            runtime.memcpyAsync(self._constant(device_id, symbol), pointers[buffer_name], nbytes,
+            index, nbytes = self._zeroed
+            runtime.memsetAsync(pointers[index], 0, nbytes, stream)
+        for symbol, index, nbytes in self._constants:
+            runtime.memcpyAsync(self._constant(device_id, symbol), pointers[index], nbytes,
                                 runtime.memcpyDeviceToDevice, stream)
         for step in self._steps or self.plan.schedule:
             if isinstance(step, BlasGemm):
-                blas_gemm(step, pointers, stream)
+                blas_gemm(step, dict(zip(self._index, pointers)), stream)
             else:
-                self._launch(self._recipe(device_id, step), pointers, stream)
+                self._recipe(device_id, step).launch(pointers, stream, self._tensor_map)
         del kept   # the memory returns to the allocator's pool, stream-ordered after these launches
-
-    def _launch(self, recipe: LaunchRecipe, pointers: dict[str, int], stream: int) -> None:
-        values = recipe.values_type(*[pointers[name] + offset for name, offset in recipe.parameters])
-        base = ctypes.addressof(values)
-        if recipe.tensor_maps:
-            maps = [self._tensor_map(m, pointers[m.buffer]) for m in recipe.tensor_maps]
-            parameters = recipe.addresses_type(*[ctypes.addressof(m) for m in maps],
-                                               *[base + slot for slot in recipe.slots])
-        else:
-            parameters = recipe.addresses_type(*[base + slot for slot in recipe.slots])
-        launch_kernel(recipe.function, *recipe.grid, *recipe.block, recipe.shared_bytes, stream,
-                      ctypes.addressof(parameters), 0)
 
     def _recipe(self, device_id: int, step: Launch) -> LaunchRecipe:
         key = (device_id, id(step))
@@ -129,23 +171,27 @@ class Launcher:
                 self._opt_in_shared(device_id, function, step.shared_bytes)
             buffers = self.plan.launch_args(step)
             offsets = step.offsets or (0,) * len(buffers)
-            recipe = LaunchRecipe(function.ptr, step.launch_grid, step.block, step.shared_bytes, step.tensor_maps,
-                                  tuple((b.name, offset * b.dtype.itemsize) for b, offset in zip(buffers, offsets)))
+            parameters = tuple((self._index[b.name], offset * b.dtype.itemsize) for b, offset in zip(buffers, offsets))
+            maps = tuple((m, self._index[m.buffer]) for m in step.tensor_maps)
+            in_call_order = parameters == tuple((i, 0) for i in range(len(self.call_names)))
+            recipe = LaunchRecipe(function.ptr, step.launch_grid, step.block, step.shared_bytes, maps, parameters,
+                                  takes_call_pointers=self._plain and in_call_order)
             if self._steps is not None:   # kept steps live as long as this launcher: their ids stay theirs
                 self._recipes[key] = recipe
         return recipe
 
-    def _tensor_map(self, tensor_map, pointer: int):
+    def _tensor_map(self, tensor_map: TensorMap, pointer: int):
         """The encoded map for a buffer at ``pointer``, encoded once per address: encoding costs
         tens of microseconds of host time, which every call would otherwise pay."""
         from codegen import tma
 
         key = (tensor_map, pointer)
-        if key not in self._encoded_maps:
+        encoded = self._encoded_maps.get(key)
+        if encoded is None:
             if len(self._encoded_maps) >= MAX_ENCODED_MAPS:
                 self._encoded_maps.clear()
-            self._encoded_maps[key] = tma.encode(tensor_map, pointer)
-        return self._encoded_maps[key]
+            encoded = self._encoded_maps[key] = tma.encode(tensor_map, pointer)
+        return encoded
 
     @staticmethod
     def _opt_in_shared(device_id: int, function, shared_bytes: int) -> None:

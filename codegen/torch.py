@@ -47,7 +47,9 @@ launched from the key alone (none does: 16 bytes is what TMA and 16-byte copies 
 MAX_KERNELS = 256
 """Kernels kept per process; past this the cache starts over (a model has tens of layers)."""
 
-_kernels: dict[tuple, tuple[Kernel, torch.Size, torch.memory_format]] = {}
+_kernels: dict[tuple, tuple[Kernel, torch.Size, tuple[int, ...], int]] = {}
+"""Per call key: the kernel, its output's shape and strides (the input's memory format), and the
+CUDA device index."""
 _check_only: dict = {}
 """Set inside ``check_only``: the target kernels are built for, and what was built."""
 
@@ -82,8 +84,8 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
     dims = x.dim() - 2
-    geometry = tuple(_per_axis(name, value, dims) for name, value in
-                     (("stride", stride), ("padding", padding), ("dilation", dilation)))
+    geometry = (_per_axis("stride", stride, dims), _per_axis("padding", padding, dims),
+                _per_axis("dilation", dilation, dims))
     if _check_only:
         _build_only(x, weight, geometry, groups, _math_mode(math, x), family, tiles)
         functional = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
@@ -98,19 +100,20 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def _run(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> torch.Tensor:
-    """The eager path.  First sight of these arguments (shapes, strides, dtype, device, 16-byte
+    """The eager path.  First sight of these arguments (shapes, strides, dtypes, devices, 16-byte
     alignment residues, geometry, precision, kernel choice): checked in full, the kernel built and
-    called through ``Kernel.__call__``'s checks.  After that: an output in the input's memory
-    format and the launch on the three addresses, which is what keeps the host time of a call
-    near PyTorch's own."""
-    key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, x.device, x.data_ptr() % KEYED_ALIGNMENT,
-           weight.data_ptr() % KEYED_ALIGNMENT, geometry, groups, math_mode, family, _tiles_key(tiles),
-           torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    called through ``Kernel.__call__``'s checks.  After that: an output of the first call's shape
+    and strides, and the launch on the three addresses, which is what keeps the host time of a
+    call near PyTorch's own."""
+    x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
+    key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
+           x_pointer % KEYED_ALIGNMENT, weight_pointer % KEYED_ALIGNMENT, geometry, groups, math_mode, family,
+           _tiles_key(tiles), torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     found = _kernels.get(key)
     if found is not None:
-        kernel, shape, memory_format = found
-        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
-        kernel.launch_tensors([x.data_ptr(), weight.data_ptr(), y.data_ptr()], x.device)
+        kernel, shape, strides, device_index = found
+        y = x.new_empty_strided(shape, strides)
+        kernel.launch_tensors([x_pointer, weight_pointer, y.data_ptr()], device_index)
         return y
     kernel, channels_last = _kernel_for(x, weight, geometry, groups, math_mode, family, tiles)
     dims = x.dim()
@@ -122,7 +125,7 @@ def _run(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, t
     if max(b.alignment for b in kernel.plan.buffers) <= KEYED_ALIGNMENT:
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()
-        _kernels[key] = (kernel, y.shape, CHANNELS_LAST[dims] if channels_last else torch.contiguous_format)
+        _kernels[key] = (kernel, y.shape, y.stride(), x.get_device())
     return y
 
 
@@ -191,9 +194,9 @@ def _check_arguments(x, weight, groups: int, on_gpu: bool = True) -> bool:
 
 
 def _per_axis(name: str, value, dims: int) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
         return (value,) * dims
-    if isinstance(value, (tuple, list)) and len(value) == dims and all(isinstance(v, int) for v in value):
+    if isinstance(value, (tuple, list)) and len(value) == dims and all([isinstance(v, int) for v in value]):
         return tuple(value)
     raise SpecError(name, value, f"must be an int or {dims} ints (one per spatial axis)"
                     + (" ('same'/'valid' strings: use Conv2d/Conv3d or give the numbers)" if isinstance(value, str) else ""))

@@ -4,6 +4,7 @@ not installed (it is optional); ``import codegen`` never needs it."""
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from codegen import torch as convgen_torch  # noqa: E402
-from codegen.spec import SpecError  # noqa: E402
+from codegen.spec import ConvSpec, SpecError  # noqa: E402
 
 SCRIPTS = Path(__file__).parent.parent / "scripts"
 
@@ -146,3 +147,61 @@ def test_check_only_builds_every_kernel_a_model_launches(cache_dir):
     assert len(built) == 8 and y.shape == (2, 256, 4, 4)
     assert all(kernel.compiled.cubin for _, kernel in built)
     assert {spec.layout.value for spec, _ in built} == {"NCHW"}
+
+
+
+def test_a_kernel_call_with_any_argument_changed_goes_back_to_the_full_checks(monkeypatch):
+    """``Kernel.__call__`` on tensors skips the checks only for a signature checked before: a
+    changed shape, dtype, device, contiguity or address residue is checked again (CPU and meta
+    tensors stand in for CUDA ones; the checks and the launch are recorded, not run)."""
+    from codegen.api import Kernel, plan
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=2, c=32, k=32, input_size=(16, 16), filter_size=(3, 3), padding=1)
+    kernel = Kernel(plan("implicit_gemm", spec, {"tma": True}, target="h100"), None, SimpleNamespace(cubin=b""))
+    checked, launched = [], []
+    monkeypatch.setattr(Kernel, "_check_torch", lambda self, inputs, out: checked.append(out))
+    monkeypatch.setattr(Kernel, "launch_tensors", lambda self, pointers, device_index: launched.append(pointers))
+    x_buffer, w_buffer = kernel.plan.inputs
+    assert x_buffer.alignment == 16
+    x, w, y = (torch.empty(b.shape) for b in (x_buffer, w_buffer, kernel.plan.output))
+    kernel(x, w, out=y)
+    kernel(x, w, out=y)
+    assert len(checked) == 1 and launched[1] == [x.data_ptr(), w.data_ptr(), y.data_ptr()]
+    misaligned = torch.empty(x.numel() + 1)[1:].view(x.shape)
+    transposed = torch.empty_strided(y.shape, tuple(reversed(y.stride())))
+    changes = ((x[:1], w, y), (x.double(), w, y), (x, w.to("meta"), y), (misaligned, w, y), (x, w, transposed))
+    for count, (x_changed, w_changed, y_changed) in enumerate(changes, start=2):
+        kernel(x_changed, w_changed, out=y_changed)
+        assert len(checked) == count
+
+
+class _StandInKernel:
+    """What ``codegen.torch`` needs of a kernel, with nothing launched."""
+
+    plan = SimpleNamespace(buffers=[SimpleNamespace(alignment=4)])
+
+    def __call__(self, x, weight):
+        return torch.empty(x.shape[0], weight.shape[0], *x.shape[2:])
+
+    def launch_tensors(self, pointers, device_index):
+        pass
+
+
+def test_the_functionals_key_holds_the_weights_dtype_and_device(monkeypatch):
+    """A weight of another dtype or device than the call a kernel was kept for misses that kernel
+    and goes back to the checks and the build."""
+    built = []
+
+    def build_stand_in(x, weight, geometry, groups, math_mode, family, tiles):
+        built.append((weight.dtype, weight.device.type))
+        return _StandInKernel(), False
+
+    monkeypatch.setattr(convgen_torch, "_kernel_for", build_stand_in)
+    convgen_torch.clear_kernels()
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    try:
+        for weight in (w, w, w.half(), w.to("meta"), w):
+            convgen_torch.conv(x, weight, padding=1, math="fma")
+    finally:
+        convgen_torch.clear_kernels()
+    assert built == [(torch.float32, "cpu"), (torch.float16, "cpu"), (torch.float32, "meta")]

@@ -73,31 +73,33 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
         "torch.ops.convgen.conv": lambda: torch.ops.convgen.conv(x, w, [1, 1], [1, 1], [1, 1], 1, "fma",
                                                                  "implicit_gemm", ""),
     }
-    named = dict(zip(kernel._call_names, (xk.data_ptr(), wk.data_ptr(), out.data_ptr())))
-    stream = torch.cuda.current_stream().cuda_stream
-    def allocate(buffer):
+    pointers = [xk.data_ptr(), wk.data_ptr(), out.data_ptr()]
+    stream = torch._C._cuda_getCurrentRawStream(0)
+
+    def allocate(buffer, device_id):
         workspace = torch.empty(buffer.elements * buffer.dtype.itemsize, dtype=torch.uint8, device="cuda")
         return workspace, workspace.data_ptr()
 
-    import ctypes
-
     from codegen.launch import launch_kernel
 
-    kernel._launcher.run(0, named, stream, allocate)
-    recipe = next(iter(kernel._launcher._recipes.values()))
-    values = recipe.values_type(*[named[name] + offset for name, offset in recipe.parameters])
-    packed = recipe.addresses_type(*[ctypes.addressof(values) + slot for slot in recipe.slots])
+    kernel._launcher.run(0, pointers, stream, allocate)
+    recipes = kernel._launcher._plain_recipes.get(0, ())
+    single = recipes[0] if len(recipes) == 1 and not recipes[0].tensor_maps else None
 
     def driver_only():
-        launch_kernel(recipe.function, *recipe.grid, *recipe.block, recipe.shared_bytes, stream,
-                      ctypes.addressof(packed), 0)
+        launch_kernel(*single.driver_arguments, stream, single.parameter_block().address, 0)
 
+    geometry = ((1, 1), (1, 1), (1, 1))
     parts = {
-        "  of which: Launcher.run": lambda: kernel._launcher.run(0, named, stream, allocate),
-        **({} if recipe.tensor_maps else {"  of which: cuLaunchKernel": driver_only}),
-        "  of which: output alloc": lambda: torch.empty(out.shape, dtype=out.dtype, device=out.device),
-        "  of which: call's key": lambda: (x.shape, x.stride(), w.shape, w.stride(), x.dtype, x.device,
-                                           x.data_ptr() % 16, w.data_ptr() % 16, torch.is_grad_enabled()),
+        "  of which: Launcher.run": lambda: kernel._launcher.run(0, pointers, stream, allocate),
+        **({"  of which: cuLaunchKernel": driver_only} if single else {}),
+        "  of which: output alloc": lambda: x.new_empty_strided(y.shape, y.stride()),
+        "  of which: stream, device": lambda: (torch._C._cuda_getCurrentRawStream(0), torch._C._cuda_getDevice()),
+        "  of which: Kernel's key": lambda: tuple([(t.shape, t.is_contiguous(), t.dtype, t.device, t.data_ptr() % a)
+                                                   for t, a in zip((xk, wk, out), kernel._call_alignments)]),
+        "  of which: conv's key": lambda: (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device,
+                                           w.device, x.data_ptr() % 16, w.data_ptr() % 16, geometry, 1, "fma",
+                                           "implicit_gemm", "", torch.is_grad_enabled()),
     }
     return {name: per_call_seconds(fn) * 1e6 for name, fn in {**runs, **parts}.items()}
 

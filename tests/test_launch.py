@@ -1,0 +1,91 @@
+"""The launcher without a GPU: what each launch hands ``cuLaunchKernel`` (every parameter's pointer
+and byte offset, tensor maps first, on the caller's stream), read back from the parameter memory
+as the driver would read it, on a first call and on the calls after it; and parameter memory kept
+per thread."""
+import ctypes
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from codegen import launch
+from codegen.api import plan
+from codegen.spec import ConvSpec
+
+NCHW = ConvSpec(dims=2, layout="NCHW", n=2, c=8, k=8, input_size=(16, 16), filter_size=(3, 3), padding=1)
+NHWC = ConvSpec(dims=2, layout="NHWC", n=2, c=32, k=32, input_size=(16, 16), filter_size=(3, 3), padding=1)
+MAP_MARK = 1 << 60
+"""The stand-in tensor map of a buffer at address p holds MAP_MARK | p."""
+STREAM = 0x5_0000
+
+
+class Driver:
+    """``cuLaunchKernel``'s stand-in: each launch's kernel, stream and parameter values, read back
+    through the address array it is handed, when it is handed it."""
+
+    def __init__(self, kernel_plan, monkeypatch):
+        self.kernels = sorted({step.kernel for step in kernel_plan.launches})
+        self.counts = {step.kernel: len(step.tensor_maps) + len(kernel_plan.launch_args(step))
+                       for step in kernel_plan.launches}
+        self.launches = []
+        monkeypatch.setattr(launch, "launch_kernel", self.launch)
+        monkeypatch.setattr(launch.Launcher, "function",
+                            lambda _, device_id, name: SimpleNamespace(ptr=self.kernels.index(name) + 1))
+        monkeypatch.setattr(launch.Launcher, "_opt_in_shared", staticmethod(lambda *arguments: None))
+        monkeypatch.setattr(launch.Launcher, "_tensor_map",
+                            lambda _, tensor_map, pointer: ctypes.c_uint64(MAP_MARK | pointer))
+
+    def launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
+        kernel = self.kernels[function - 1]
+        addresses = (ctypes.c_void_p * self.counts[kernel]).from_address(parameters)
+        self.launches.append((kernel, stream, [ctypes.c_uint64.from_address(a).value for a in addresses]))
+
+
+def expected_launches(kernel_plan, named: dict[str, int]) -> list:
+    """What each step of the plan should be handed, from the plan alone."""
+    expected = []
+    for step in kernel_plan.schedule:
+        buffers = kernel_plan.launch_args(step)
+        offsets = step.offsets or (0,) * len(buffers)
+        values = [MAP_MARK | named[m.buffer] for m in step.tensor_maps]
+        values += [named[b.name] + offset * b.dtype.itemsize for b, offset in zip(buffers, offsets)]
+        expected.append((step.kernel, STREAM, values))
+    return expected
+
+
+@pytest.mark.parametrize("family, spec, tiles, limit", [
+    ("implicit_gemm", NCHW, None, None),            # one launch on the call's buffers: the plain path
+    ("implicit_gemm", NHWC, {"tma": True}, None),   # tensor maps, a workspace, two launches
+    ("im2win", NCHW, None, 28_000),                 # batch chunks: offsets that move per chunk
+], ids=["plain", "tma", "chunked"])
+def test_each_launch_is_handed_its_buffers_at_their_offsets(monkeypatch, family, spec, tiles, limit):
+    kernel_plan = plan(family, spec, tiles, target="h100", workspace_limit=limit)
+    driver = Driver(kernel_plan, monkeypatch)
+    launcher = launch.Launcher(kernel_plan, b"")
+    workspaces = {b.name: 0x9_0000 + 0x1_0000 * i for i, b in enumerate(kernel_plan.workspaces)}
+
+    def allocate(buffer, device_id):
+        return None, workspaces[buffer.name]
+
+    for base in (0x10_0000, 0x70_0000):   # a first call, then one that takes the kept recipes
+        pointers = [base + 0x1_0000 * i for i in range(len(launcher.call_names))]
+        driver.launches.clear()
+        launcher.run(0, pointers, STREAM, allocate)
+        assert driver.launches == expected_launches(kernel_plan, {**dict(zip(launcher.call_names, pointers)),
+                                                                  **workspaces})
+
+
+def test_threads_pack_their_parameters_in_memory_of_their_own(monkeypatch):
+    kernel_plan = plan("implicit_gemm", NCHW, target="h100")
+    Driver(kernel_plan, monkeypatch)
+    launcher = launch.Launcher(kernel_plan, b"")
+    launcher.run(0, [0x1000, 0x2000, 0x3000], STREAM, None)
+    (recipe,) = launcher._plain_recipes[0]
+    assert recipe.takes_call_pointers
+    here = recipe.parameter_block()
+    there = []
+    thread = threading.Thread(target=lambda: there.append(recipe.parameter_block()))
+    thread.start()
+    thread.join()
+    assert recipe.parameter_block() is here and there[0] is not here
+    assert there[0].address != here.address
