@@ -6,7 +6,8 @@ Times ``CALLS`` calls with ``time.perf_counter`` while the GPU is held busy by a
 so that the calls only enqueue work and never wait for the GPU: the figure is the Python and
 driver work of one call, whatever the kernel's own time: ``F.conv2d`` (cuDNN, through PyTorch's dispatcher), a built kernel
 called on tensors (``Kernel.__call__``, with and without ``out=``), the ``codegen.torch.conv``
-functional, and the custom op ``torch.ops.convgen.conv`` called directly.  Median of rounds.
+functional, and the custom op ``torch.ops.convgen.conv`` called directly.  Median of rounds,
+the calls' rounds interleaved; then what parts of a call cost alone.
 """
 from __future__ import annotations
 
@@ -22,23 +23,27 @@ SLEEP_CYCLES = 60_000_000
 """The sleeping kernel's length, about 30 ms at 2 GHz: longer than ``CALLS`` calls at 100 us."""
 
 
-def per_call_seconds(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
-    """Median over ``rounds`` of the host time of one call among ``calls`` issued behind a kernel
-    that keeps the GPU busy past their end."""
+def per_call_seconds(runs: dict, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, float]:
+    """Per name in ``runs``, the median over ``rounds`` of the host time of one call among
+    ``calls`` issued behind a kernel that keeps the GPU busy past their end.  Each round times
+    every run in turn, so that a slow spell of the host (a virtual machine's, shared) falls on all
+    of them alike rather than on whichever ran then."""
     import torch
 
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start = time.perf_counter()
-        for _ in range(calls):
+    for fn in runs.values():
+        for _ in range(50):
             fn()
-        samples.append((time.perf_counter() - start) / calls)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - start) / calls)
+            torch.cuda.synchronize()
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
@@ -101,7 +106,7 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
                                            w.device, x.data_ptr() % 16, w.data_ptr() % 16, geometry, 1, "fma",
                                            "implicit_gemm", "", torch.is_grad_enabled()),
     }
-    return {name: per_call_seconds(fn) * 1e6 for name, fn in {**runs, **parts}.items()}
+    return {name: seconds * 1e6 for name, seconds in per_call_seconds({**runs, **parts}).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
