@@ -80,14 +80,17 @@ def covered_specs(draw) -> ConvSpec:
 @st.composite
 def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
     """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows sharing
-    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages."""
+    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, and for TF32
+    split-K into up to 7 ranges."""
     warp_m = draw(st.sampled_from((64, 128)))
     block_n = draw(st.sampled_from(wgmma_gemm.BLOCK_N_CHOICES))
     pingpong = draw(st.booleans())
+    split_k = draw(st.sampled_from((1, 2, 3, 7))) if spec.dtype is DType.float32 else 1
     try:
         tiles = MmaTiles(block_m=warp_m * (1 if pingpong else draw(st.sampled_from((1, 2)))), block_n=block_n,
                          block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m, warp_n=block_n,
-                         stages=draw(st.sampled_from((2, 3, 4, 5, 6))), wgmma=True, pingpong=pingpong)
+                         stages=draw(st.sampled_from((2, 3, 4, 5, 6))), wgmma=True, pingpong=pingpong,
+                         split_k=split_k)
         check_tiles(spec, tiles, present())
     except SpecError:
         assume(False)
@@ -111,7 +114,7 @@ def test_any_tiles_within_the_error_bound(data, seed):
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
 
-ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong]) or None for the heuristic)
+ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k]]) or None for the heuristic)
     "m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                              filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                              dtype="bfloat16"), (128, 64, 64, 3)),
@@ -130,6 +133,11 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong]) 
     "pingpong-one-or-two-tiles-per-block-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
                                                           filter_size=3, padding=1, dilation=(1, 2), dpitch=24,
                                                           dtype="float32", math="tf32"), (128, 128, 128, 5, True)),
+    "split-k-tf32-uneven-ranges-pingpong": (ConvSpec(dims=2, layout="NHWC", n=1, c=200, k=72, input_size=(9, 11),
+                                                     filter_size=3, padding=1, dtype="float32", math="tf32"),
+                                            (64, 128, 64, 4, True, 5)),
+    "split-k-tf32-heuristic": (ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3,
+                                        padding=1, dtype="float32", math="tf32"), None),
     "one-by-one": (ConvSpec(dims=2, layout="NHWC", n=2, c=128, k=256, input_size=(13, 13), filter_size=1,
                             dtype="float16"), None),
     "tf32-m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=75, input_size=(17, 23),
@@ -148,7 +156,8 @@ def test_odd_shapes_within_the_error_bound(name):
     spec, shape = ODD_CASES[name]
     tiles = FAMILY.heuristic_tiles(spec, present()) if shape is None else MmaTiles(
         block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2], warp_n=shape[1],
-        stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False)
+        stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
+        split_k=shape[5] if len(shape) > 5 else 1)
     x, w = _inputs(spec, seed=11)
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 

@@ -40,9 +40,10 @@ SHAPES = [  # (block_m, block_n, warp_m, stages): each block_n, one and two cons
 PINGPONG_SHAPES = [(64, 32, 64, 2), (128, 128, 128, 5), (64, 256, 64, 5), (128, 64, 128, 6)]
 
 
-def _tiles(spec: ConvSpec, block_m: int, block_n: int, warp_m: int, stages: int, pingpong: bool = False) -> MmaTiles:
+def _tiles(spec: ConvSpec, block_m: int, block_n: int, warp_m: int, stages: int, pingpong: bool = False,
+           split_k: int = 1) -> MmaTiles:
     return MmaTiles(block_m=block_m, block_n=block_n, block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m,
-                    warp_n=block_n, stages=stages, wgmma=True, pingpong=pingpong)
+                    warp_n=block_n, stages=stages, wgmma=True, pingpong=pingpong, split_k=split_k)
 
 
 def _compiles_clean(spec: ConvSpec, tiles: MmaTiles) -> None:
@@ -81,7 +82,7 @@ def test_pingpong_source_alternates_the_consumers_on_named_barriers():
     order = wgmma_gemm.ORDER_BARRIER
     assert f'"bar.sync %0, 256;" :: "r"({order} + group)' in code
     assert f'"bar.arrive %0, 256;" :: "r"({order} + 1 - group)' in code
-    assert "convgen_barrier_init(empty + 8u * s, 4);" in code and "ordinal += 2" in code
+    assert "convgen_barrier_init(empty + 8u * s, 4);" in code and "if (ordinal % 2 != group) {" in code
     shared = render_kernels(FAMILY.plan(spec, _tiles(spec, 256, 128, 128, 4), H100)).code
     assert "bar.arrive" not in shared and "convgen_barrier_init(empty + 8u * s, 8);" in shared
 
@@ -115,6 +116,48 @@ def test_requested_rows_leave_pingpong_off_unless_asked_for():
     assert (shared.block_m, shared.warp_m, shared.pingpong) == (256, 128, False)
     asked = FAMILY.complete_tiles(conv12, {"wgmma": True, "warp_m": 128, "block_n": 128, "pingpong": True}, H100)
     assert (asked.block_m, asked.warp_m, asked.pingpong) == (128, 128, True)
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_split_k_compiles_without_warnings_or_spills_and_adds_into_the_zeroed_output(pingpong, cache_dir):
+    spec = SPECS["2d-nhwc-tf32-odd"]
+    tiles = _tiles(spec, 64, 64, 64, 4, pingpong=pingpong, split_k=3)
+    plan = FAMILY.plan(spec, tiles, H100)
+    _compiles_clean(spec, tiles)
+    code = render_kernels(plan).code
+    assert plan.zero_output and "atomicAdd(out + j * 8, acc" in code and "kt_begin = (unit % 3) * 2" in code
+    context = plan.context
+    assert (context.splits, context.k_per_split, context.units_total) == (3, 2, 3 * context.tiles_total)
+    assert plan.launches[0].grid[0] == min(3 * context.tiles_total, H100.sm_count)
+    assert not FAMILY.plan(spec, _tiles(spec, 64, 64, 64, 4), H100).zero_output
+
+
+def test_split_k_is_refused_for_16_bit_outputs_and_off_wgmma():
+    with pytest.raises(SpecError) as error:
+        FAMILY.plan(SPECS["2d-nhwc-odd"], _tiles(SPECS["2d-nhwc-odd"], 64, 64, 64, 4, split_k=2), H100)
+    assert error.value.field == "tiles.split_k" and "round every partial sum" in error.value.allowed
+    with pytest.raises(SpecError) as error:
+        MmaTiles(split_k=2)
+    assert error.value.field == "tiles.split_k"
+    with pytest.raises(SpecError) as error:           # 6 slices of 32 in K = 20 x 9
+        FAMILY.plan(SPECS["2d-nhwc-tf32-odd"], _tiles(SPECS["2d-nhwc-tf32-odd"], 64, 64, 64, 4, split_k=7), H100)
+    assert error.value.field == "tiles.split_k" and "6 k-slices" in error.value.allowed
+
+
+def test_heuristic_splits_k_for_tf32_where_tiles_are_fewer_than_sms():
+    """A batch-1 512-channel 3x3 layer has 4 output tiles and 144 k-slices: split 16 ways in TF32;
+    BF16 (16-bit output) and a layer with tiles for every SM never split."""
+    b1 = ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3, padding=1,
+                  dtype="float32", math="tf32")
+    assert FAMILY.heuristic_tiles(b1, H100).split_k == 16
+    assert FAMILY.heuristic_tiles(replace(b1, dtype="bfloat16", math="fma"), H100).split_k == 1
+    conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3,
+                     dtype="float32", math="tf32")
+    assert FAMILY.heuristic_tiles(conv8, H100).split_k == 1
+    assert wgmma_gemm._split_k(70, 144, 132) == 5 and wgmma_gemm._split_k(132, 144, 132) == 1
+    space = wgmma_gemm.tuning_fields(b1, H100)
+    assert {f.get("split_k", 1) for f in space} == set(wgmma_gemm.TUNING_SPLITS)
+    assert not any("split_k" in f for f in wgmma_gemm.tuning_fields(replace(b1, dtype="bfloat16", math="fma"), H100))
 
 
 def test_sixty_four_bit_indices_compile_without_spills(cache_dir):
@@ -199,6 +242,7 @@ def test_tiles_name_wgmma_only_where_set():
     """The mma.sync kernels keep the records and names (a hash of the tiles' description) they had before the field."""
     assert "wgmma" not in MmaTiles().to_dict() and MmaTiles.from_dict(MmaTiles().to_dict()) == MmaTiles()
     assert "pingpong" not in _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).to_dict()
+    assert "split_k" not in _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).to_dict()
     assert _tiles(SPECS["2d-nhwc-odd"], 128, 64, 128, 3, pingpong=True).describe().endswith("wgmma=True pingpong=True")
     assert MmaTiles().describe() == "block_m=128 block_n=128 block_k=32 warp_m=64 warp_n=64 stages=3"
     assert _tiles(SPECS["2d-nhwc-odd"], 128, 64, 64, 3).describe().endswith("wgmma=True")

@@ -113,27 +113,34 @@ class MmaTiles(Tiles):
         TileParam("pingpong", "with wgmma: two consumer warpgroups take alternate block_m x block_n tiles whole "
                   "(block_m = warp_m), so that one's epilogue runs under the other's MMAs (CUTLASS's ping-pong "
                   "schedule); off, the consumer warpgroups share each tile", choices=(False, True)),
+        TileParam("split_k", "with wgmma and float32 output (tf32): work units that share one output tile's K "
+                  "range (CUTLASS's split-K), summing their partial tiles into the zeroed output with atomic adds: "
+                  "more work where the output has few tiles and K is long", minimum=1, maximum=16),
     )
     wgmma: bool = False
     pingpong: bool = False
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pingpong and not self.wgmma:
             raise SpecError("tiles.pingpong", True, "schedules wgmma's consumer warpgroups: set wgmma too, or leave "
                             "pingpong off")
+        if self.split_k != 1 and not self.wgmma:
+            raise SpecError("tiles.split_k", self.split_k, "must be 1 without wgmma (the mma.sync kernel does not "
+                            "split K)")
         if self.wgmma:
             wgmma_gemm.check_geometry(self)
         else:
             check_geometry(self)
 
     def to_dict(self) -> dict:
-        """The fields, wgmma and pingpong only where set: the kernels keep the tuning records, kernel
-        names (a hash of ``describe``) and catalogue files they had before those fields existed."""
+        """The fields, wgmma, pingpong and split_k only where set: the kernels keep the tuning records,
+        kernel names (a hash of ``describe``) and catalogue files they had before those fields existed."""
         fields = super().to_dict()
-        for flag in ("wgmma", "pingpong"):
-            if not getattr(self, flag):
-                del fields[flag]
+        for name, unset in (("wgmma", False), ("pingpong", False), ("split_k", 1)):
+            if getattr(self, name) == unset:
+                del fields[name]
         return fields
 
     @property

@@ -71,6 +71,11 @@ PIXEL_ENTRY_ALIGNMENT = 16
 """A pixel's table entry is 16-byte aligned, so that one shared load reads it."""
 MMA_TYPES = {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "tf32"}
 """wgmma's operand type for each dtype (float32 with math tf32 only)."""
+TUNING_SPLITS = (1, 2, 4, 8, 16)
+MAX_SPLIT_K = 16
+MIN_SPLIT_SLICES = 4
+UNIT_OVERHEAD_SLICES = 4
+"""Split-K's cost model: a work unit costs its k-slices plus about this many (not yet fitted)."""
 ORDER_BARRIER = 2
 """The first of ping-pong's two named barriers (0 is __syncthreads', 1 the producer's)."""
 DEFAULT_STAGES = 4
@@ -139,8 +144,24 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
                         f"is {spec.layout.value} {spec.dtype.value}{math} with C {spec.c}, pitch {spec.pitch}")
 
 
+def k_split(spec: ConvSpec, tiles) -> tuple[int, int]:
+    """(work units an output tile is split into, k-slices each takes): ``split_k`` ranges of whole
+    slices, none empty, as the FMA kernel's ``gemm_tiles.k_split``."""
+    k_tiles = -(-gemm_sizes(index.IndexAlgebra(spec))[2] // tiles.block_k)
+    if tiles.split_k > k_tiles:
+        raise SpecError("tiles.split_k", tiles.split_k, f"must be at most the {k_tiles} k-slices of {tiles.block_k} "
+                        f"that K = {gemm_sizes(index.IndexAlgebra(spec))[2]} makes")
+    per_split = -(-k_tiles // tiles.split_k)
+    return -(-k_tiles // per_split), per_split
+
+
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
+    if tiles.split_k > 1 and spec.dtype is not DType.float32:
+        raise SpecError("tiles.split_k", tiles.split_k, f"must be 1 for {spec.dtype.value}: the partial tiles are "
+                        "summed with atomic adds in the output's type, which would round every partial sum "
+                        "(float32 with math tf32 takes it)")
+    k_split(spec, tiles)
     if tiles.block_k != slice_k(spec):
         raise SpecError("tiles.block_k", tiles.block_k, f"must be {slice_k(spec)} with wgmma ({SLICE_BYTES}-byte "
                         "slice rows, the width of the swizzle the MMA descriptors read)")
@@ -208,7 +229,7 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     262, 201, 165).  Where tiles are many, ping-pong ran conv8 7 % faster in BF16 but 4-21 % slower
     in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there."""
     device = as_device(device)
-    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
 
     def largest_filling(largest: int, rows: tuple[int, ...]) -> tuple[int, int]:
@@ -233,23 +254,43 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
                   "warp_n": block_n, "stages": DEFAULT_STAGES, "wgmma": True}
     while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
         fields["stages"] -= 1
+    if spec.dtype is DType.float32:
+        split = _split_k(_tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // fields["block_k"]),
+                         device.sm_count)
+        if split > 1:
+            fields["split_k"] = split
     return fields
+
+
+def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """Split-K for FP32 outputs where tiles are fewer than SMs: the split that leaves the busiest SM
+    the least work, counted in k-slices with ``UNIT_OVERHEAD_SLICES`` more per work unit (its
+    pipeline filling and its epilogue's atomic adds), at equal work the smaller split; at most
+    ``MAX_SPLIT_K``, and each range at least ``MIN_SPLIT_SLICES`` slices."""
+    if tiles >= sm_count:
+        return 1
+    splits = range(1, min(MAX_SPLIT_K, max(1, k_tiles // MIN_SPLIT_SLICES)) + 1)
+    return min(splits, key=lambda split: (-(-tiles * split // sm_count) * (-(-k_tiles // split) + UNIT_OVERHEAD_SLICES),
+                                          split))
 
 
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
     warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
-    ``TUNING_STAGES`` stages, where they fit."""
-    gemm_n = spec.k
+    ``TUNING_STAGES`` stages, where they fit; for float32, split-K in ``TUNING_SPLITS`` where the
+    tiles are fewer than the SMs."""
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
     for block_n in (n for n in BLOCK_N_CHOICES if n <= widest):
         for warp_m in (MMA_ROWS, 2 * MMA_ROWS):
             for count, pingpong in ((1, False), (2, False), (1, True)):
-                for stages in TUNING_STAGES:
+                few = _tile_count(gemm_m, gemm_n, warp_m * count, block_n) < device.sm_count
+                splits = TUNING_SPLITS if spec.dtype is DType.float32 and few else (1,)
+                for stages, split in ((stages, split) for stages in TUNING_STAGES for split in splits):
                     fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec),
                               "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True,
-                              **({"pingpong": True} if pingpong else {})}
+                              **({"pingpong": True} if pingpong else {}), **({"split_k": split} if split > 1 else {})}
                     try:
                         shape = _Shape(**fields)
                         check_geometry(shape)
@@ -272,6 +313,7 @@ class _Shape:
     stages: int
     wgmma: bool = True
     pingpong: bool = False
+    split_k: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,6 +364,11 @@ class WgmmaContext(ConvolutionContext):
     k_tiles: int
     n_tiles: int
     tiles_total: int
+    splits: int
+    """Work units an output tile's K range is split into (``split_k``; 1: whole tiles)."""
+    k_per_split: int
+    units_total: int
+    """Output tiles times splits: what the persistent blocks take in turn."""
     grid_blocks: int
     m_tail: bool
     n_tail: bool
@@ -344,7 +391,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     terms = gemm_terms(alg, "image")
     m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
     tiles_total = m_tiles * n_tiles
-    grid_blocks = min(tiles_total, device.sm_count)
+    splits, k_per_split = k_split(spec, tiles)
+    grid_blocks = min(tiles_total * splits, device.sm_count)
     name = kernel_name(family.name, VARIANT, spec, tiles)
     needed = shared_bytes(spec, tiles)
     launch = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True)
@@ -357,7 +405,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         **convolution_selftest_context(alg),
         kernel=name, variant=VARIANT, mma=MMA_TYPES[spec.dtype], mma_k=MMA_K_BYTES // itemsize, element=spec.dtype,
         element_bytes=itemsize, BM=tiles.block_m, BN=tiles.block_n, BK=tiles.block_k, WM=tiles.warp_m,
-        consumers=consumers(tiles), pingpong=tiles.pingpong, order_barrier=ORDER_BARRIER, m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
+        consumers=consumers(tiles), pingpong=tiles.pingpong, order_barrier=ORDER_BARRIER,
+        m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
         threads=threads(tiles), stages=tiles.stages,
         register_split=REGISTER_SPLIT if consumers(tiles) == MAX_CONSUMERS else None,
         slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS,
@@ -367,7 +416,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         a_stage_bytes=tiles.block_m * SLICE_BYTES, b_stage_bytes=tiles.block_n * SLICE_BYTES,
         pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
         GEMM_K=gemm_k,
-        k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, grid_blocks=grid_blocks,
+        k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
+        k_per_split=k_per_split, units_total=tiles_total * splits, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
         pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store,
@@ -375,7 +425,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("y", alg.output_shape, "out", itemsize * (2 if pair_store else 1), spec.dtype))
-    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=ARCH, arch_specific=True,
-                      tensor_cores=True, tf32_truncated=spec.dtype is DType.float32, min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off "
-                      "for the portable mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
+    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, (launch,), context, zero_output=splits > 1,
+                      min_arch=ARCH, arch_specific=True, tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
+                      min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
+                      "mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
 

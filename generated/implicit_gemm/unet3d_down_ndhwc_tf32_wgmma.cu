@@ -169,7 +169,9 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const convgen_element* __restrict__ x, co
         const unsigned swizzled = row0 * 128 + ((chunk ^ (row0 % 8)) << 4);
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 128; tile += gridDim.x) {
+        for (int unit = blockIdx.x; unit < 128; unit += gridDim.x) {
+            const int tile = unit;
+            const int kt_begin = 0, kt_end = 54;
             const idx_t m_tile = (idx_t)tile * 64;
             // The tile's pixels: offset in x at channel 0 and tap 0, origin on each padded axis (past M: an origin no tap reaches).
             // The barriers keep the table from changing under a thread still reading the last tile's.
@@ -190,7 +192,7 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const convgen_element* __restrict__ x, co
             }
             asm volatile("bar.sync 1, 128;" ::: "memory");
             const convgen_element* const b_source = w + (idx_t)row0 * 1728 + chunk * 4;
-            for (int kt = 0; kt < 54; ++kt) {
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 // This thread's column of A: its channel and tap, its offset from a pixel's base, its displacement
                 // along each padded axis.
                 const int row = kt * 32 + chunk * 4;
@@ -243,17 +245,24 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const convgen_element* __restrict__ x, co
         const int lane = threadIdx.x % 32;
         float acc[1][64];
         int previous = 0;
-        // Tile ordinal o's slices are the ring's o x 54th onwards. A warpgroup starts a tile's MMAs once the other has
-        // retired the previous tile's (named barrier 2 + o % 2), so the two alternate, one's epilogue under the
-        // other's MMAs, and the stage a warpgroup waits on was last filled for a slice already consumed: its phase
-        // parity cannot be mistaken for one a full ring older.
-        for (int ordinal = group; blockIdx.x + ordinal * gridDim.x < 128; ordinal += 2) {
-            const int tile = blockIdx.x + ordinal * gridDim.x;
-            const unsigned first_slice = (unsigned)ordinal * 54u;
-            int stage = first_slice % 5u;
-            unsigned phase = (first_slice / 5u) & 1u;
+        int stage = 0;
+        unsigned phase = 0;
+        // The block's work units alternate between the warpgroups (ordinal o to warpgroup o % 2); each counts the other's
+        // slices through the ring without waiting on them. A warpgroup starts a unit's MMAs once the other has retired the
+        // previous unit's (named barrier 2 + o % 2), so the two alternate, one's epilogue under the other's MMAs,
+        // and the stage a warpgroup waits on was last filled for a slice already consumed: its phase parity cannot be
+        // mistaken for one a full ring older.
+        for (int unit = blockIdx.x, ordinal = 0; unit < 128; unit += gridDim.x, ++ordinal) {
+            const int tile = unit;
+            const int kt_begin = 0, kt_end = 54;
+            if (ordinal % 2 != group) {
+                const unsigned passed = stage + (kt_end - kt_begin);
+                phase ^= (passed / 5u) & 1u;
+                stage = passed % 5u;
+                continue;
+            }
             if (ordinal > 0) asm volatile("bar.sync %0, 256;" :: "r"(2 + group) : "memory");
-            for (int kt = 0; kt < 54; ++kt) {
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 convgen_barrier_wait(full + 8u * stage, phase);
                 convgen_fence_copies_before_mma();
                 convgen_mma_fence();
@@ -264,12 +273,12 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const convgen_element* __restrict__ x, co
 #pragma unroll
                     for (int mb = 0; mb < 1; ++mb)
                         convgen_mma(acc[mb], convgen_descriptor(a_stage + mb * 8192u + ks * 32u),
-                                    convgen_descriptor(b_stage + ks * 32u), kt > 0 || ks > 0);
+                                    convgen_descriptor(b_stage + ks * 32u), kt > kt_begin || ks > 0);
                 }
                 convgen_mma_commit();
                 // The slice before this one has retired (this one's MMAs are still running): release its stage.
                 convgen_mma_wait<1>();
-                if (kt > 0) {
+                if (kt > kt_begin) {
                     __syncwarp();
                     if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
                 }
@@ -287,8 +296,8 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const convgen_element* __restrict__ x, co
             }
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
-            // The other warpgroup may start the next tile's MMAs.
-            if (tile + gridDim.x < 128) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
+            // The other warpgroup may start the next unit's MMAs.
+            if (unit + gridDim.x < 128) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
 
             // Epilogue: each sum stored from registers; channels-last output rows are
             // output pixels (128 channels each), channel pairs stored together.

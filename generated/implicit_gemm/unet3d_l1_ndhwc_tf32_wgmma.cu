@@ -156,7 +156,9 @@ convgen_implicit_gemm_wgmma_d5db2eee04(const convgen_element* __restrict__ x, co
         const unsigned swizzled = row0 * 128 + ((chunk ^ (row0 % 8)) << 4);
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 2048; tile += gridDim.x) {
+        for (int unit = blockIdx.x; unit < 2048; unit += gridDim.x) {
+            const int tile = unit;
+            const int kt_begin = 0, kt_end = 27;
             const idx_t m_tile = (idx_t)tile * 256;
             // The tile's pixels: offset in x at channel 0 and tap 0, origin on each padded axis (past M: an origin no tap reaches).
             // The barriers keep the table from changing under a thread still reading the last tile's.
@@ -177,7 +179,7 @@ convgen_implicit_gemm_wgmma_d5db2eee04(const convgen_element* __restrict__ x, co
             }
             asm volatile("bar.sync 1, 128;" ::: "memory");
             const convgen_element* const b_source = w + (idx_t)row0 * 864 + chunk * 4;
-            for (int kt = 0; kt < 27; ++kt) {
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 // This thread's column of A: its channel and tap, its offset from a pixel's base, its displacement
                 // along each padded axis.
                 const int row = kt * 32 + chunk * 4;
@@ -232,8 +234,10 @@ convgen_implicit_gemm_wgmma_d5db2eee04(const convgen_element* __restrict__ x, co
         int previous = 0;
         int stage = 0;
         unsigned phase = 0;
-        for (int tile = blockIdx.x; tile < 2048; tile += gridDim.x) {
-            for (int kt = 0; kt < 27; ++kt) {
+        for (int unit = blockIdx.x; unit < 2048; unit += gridDim.x) {
+            const int tile = unit;
+            const int kt_begin = 0, kt_end = 27;
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 convgen_barrier_wait(full + 8u * stage, phase);
                 convgen_fence_copies_before_mma();
                 convgen_mma_fence();
@@ -244,12 +248,12 @@ convgen_implicit_gemm_wgmma_d5db2eee04(const convgen_element* __restrict__ x, co
 #pragma unroll
                     for (int mb = 0; mb < 2; ++mb)
                         convgen_mma(acc[mb], convgen_descriptor(a_stage + mb * 8192u + ks * 32u),
-                                    convgen_descriptor(b_stage + ks * 32u), kt > 0 || ks > 0);
+                                    convgen_descriptor(b_stage + ks * 32u), kt > kt_begin || ks > 0);
                 }
                 convgen_mma_commit();
                 // The slice before this one has retired (this one's MMAs are still running): release its stage.
                 convgen_mma_wait<1>();
-                if (kt > 0) {
+                if (kt > kt_begin) {
                     __syncwarp();
                     if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
                 }
