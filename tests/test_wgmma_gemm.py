@@ -154,7 +154,9 @@ def test_heuristic_splits_k_for_tf32_where_tiles_are_fewer_than_sms():
     conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3,
                      dtype="float32", math="tf32")
     assert FAMILY.heuristic_tiles(conv8, H100).split_k == 1
-    assert wgmma_gemm._split_k(70, 144, 132) == 5 and wgmma_gemm._split_k(132, 144, 132) == 1
+    assert [wgmma_gemm._split_k(*shape, 132) for shape in ((4, 144), (8, 32), (8, 40), (33, 144), (34, 144))] == [
+        16, 8, 10, 4, 1]        # one wave of ranges of at least 4 slices, where tiles fill at most a quarter of the SMs
+    assert wgmma_gemm._split_k(70, 144, 132) == wgmma_gemm._split_k(100, 144, 132) == 1   # slower on the H100
     space = wgmma_gemm.tuning_fields(b1, H100)
     assert {f.get("split_k", 1) for f in space} == set(wgmma_gemm.TUNING_SPLITS)
     assert not any("split_k" in f for f in wgmma_gemm.tuning_fields(replace(b1, dtype="bfloat16", math="fma"), H100))

@@ -74,8 +74,8 @@ MMA_TYPES = {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "tf32"
 TUNING_SPLITS = (1, 2, 4, 8, 16)
 MAX_SPLIT_K = 16
 MIN_SPLIT_SLICES = 4
-UNIT_OVERHEAD_SLICES = 4
-"""Split-K's cost model: a work unit costs its k-slices plus about this many (not yet fitted)."""
+SPLIT_SM_SHARE = 4
+"""Split-K where the tiles fill at most a quarter of the SMs (``_split_k``)."""
 ORDER_BARRIER = 2
 """The first of ping-pong's two named barriers (0 is __syncthreads', 1 the producer's)."""
 DEFAULT_STAGES = 4
@@ -227,7 +227,8 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200 x 512 x 4608) every shape leaves one 16384-element tile's work,
     and 64x256 ran 462 TFLOP/s in BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276,
     262, 201, 165).  Where tiles are many, ping-pong ran conv8 7 % faster in BF16 but 4-21 % slower
-    in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there."""
+    in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there.  Float32 (TF32)
+    outputs split K where the tiles are very few (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -263,15 +264,15 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
 
 
 def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
-    """Split-K for FP32 outputs where tiles are fewer than SMs: the split that leaves the busiest SM
-    the least work, counted in k-slices with ``UNIT_OVERHEAD_SLICES`` more per work unit (its
-    pipeline filling and its epilogue's atomic adds), at equal work the smaller split; at most
-    ``MAX_SPLIT_K``, and each range at least ``MIN_SPLIT_SLICES`` slices."""
-    if tiles >= sm_count:
+    """Split-K for FP32 outputs where the tiles fill at most 1 / ``SPLIT_SM_SHARE`` of the SMs: the
+    most ranges that still take one wave of work units, at most ``MAX_SPLIT_K``, each range at
+    least ``MIN_SPLIT_SLICES`` slices.  H100, TF32 (docs/perf-history.md, TC v3): with 4 and 8
+    tiles splitting ran 1.2-3.8x faster (g_3x3_512_b1 5.5 -> 21.0 TFLOP/s with 16); with 70-100
+    tiles every split was slower, by up to half (conv12: 279 unsplit, 132 in 5), since each range's
+    atomic adds and the zeroed output cost more than the SMs it adds."""
+    if SPLIT_SM_SHARE * tiles > sm_count:
         return 1
-    splits = range(1, min(MAX_SPLIT_K, max(1, k_tiles // MIN_SPLIT_SLICES)) + 1)
-    return min(splits, key=lambda split: (-(-tiles * split // sm_count) * (-(-k_tiles // split) + UNIT_OVERHEAD_SLICES),
-                                          split))
+    return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
 
 
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
