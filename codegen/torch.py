@@ -237,15 +237,26 @@ def _tiles_from_key(key: str) -> dict | None:
     return parsed
 
 
-@torch.library.custom_op("convgen::conv", mutates_args=(), schema="(Tensor x, Tensor weight, int[] stride, "
-                         "int[] padding, int[] dilation, int groups, str math, str family, str tiles) -> Tensor")
+_LIBRARY = torch.library.Library("convgen", "DEF")
+"""The op is defined and implemented through ``torch.library.Library`` rather than
+``torch.library.custom_op``: the dispatcher then calls the implementation directly, where
+custom_op's wrapper (autograd redispatch, the aliasing check of every output) cost 4 times the host
+time a call (4.5 against 20 us a call on the CPU machine, docs/perf-history.md, Torch v3)."""
+_LIBRARY.define("conv(Tensor x, Tensor weight, int[] stride, int[] padding, int[] dilation, int groups, str math, "
+                "str family, str tiles) -> Tensor")
+
+
 def _conv_op(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
              dilation: Sequence[int], groups: int, math: str, family: str, tiles: str) -> torch.Tensor:
-    """The convolution as one op for torch.compile: the eager path on real tensors."""
+    """The convolution as one op for torch.compile: the eager path on real tensors (every backend,
+    so that a CPU tensor gets ``_run``'s refusal rather than the dispatcher's)."""
     return _run(x, weight, (tuple(stride), tuple(padding), tuple(dilation)), groups, math, family, tiles or None)
 
 
-@_conv_op.register_fake
+_LIBRARY.impl("conv", _conv_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("convgen::conv", lib=_LIBRARY)
 def _conv_fake(x, weight, stride, padding, dilation, groups, math, family, tiles):
     """The output's shape and memory format, as ``_run`` makes them, from shapes alone."""
     sizes = output_extents(tuple(x.shape[2:]), tuple(weight.shape[2:]), stride, padding, dilation)
