@@ -331,6 +331,19 @@ def test_emitted_file_builds_with_plain_nvcc_without_warnings(name, tmp_path):
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_emitted_split_k_file_zeroes_its_output_and_builds_with_plain_nvcc(tmp_path):
+    """The launcher clears the output the ranges add into, before the kernel, on the caller's stream."""
+    spec = SPECS["2d-nhwc-tf32-odd"]
+    tiles = _tiles(spec, 64, 64, 64, 4, pingpong=True, split_k=3).to_dict()
+    path = emit("implicit_gemm", spec, tmp_path / "split.cu", tiles)
+    text = path.read_text()
+    assert text.index("cudaMemsetAsync(y, 0") < text.index("<<<dim3(") and "atomicAdd" in text
+    built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
+                            "-c", str(path), "-o", str(tmp_path / "split.o")], capture_output=True, text=True)
+    assert built.returncode == 0 and not built.stderr.strip(), built.stderr
+
+
 @settings(max_examples=6)
 @given(spec=specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=GEMM_RANGES["max_k"], max_elements=1 << 16,
                   max_filter=3), c=st.integers(1, 5), shape=st.sampled_from(SHAPES))
