@@ -91,6 +91,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         functional = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
         return functional(x, weight, bias, *geometry, groups)
     if torch.compiler.is_compiling():
+        _refuse_grad(x, weight)     # the compiled forward calls the op with grad off, past _run's own refusal
         y = torch.ops.convgen.conv(x, weight, *geometry, groups, _math_mode(math, x), family, _tiles_key(tiles))
     else:
         y = _run(x, weight, geometry, groups, _math_mode(math, x), family, tiles)
@@ -179,9 +180,7 @@ def _check_arguments(x, weight, groups: int, on_gpu: bool = True) -> bool:
         raise SpecError("groups", groups, "must be 1: grouped and depthwise convolution are not built yet")
     if weight.shape[1] != x.shape[1]:
         raise SpecError("weight", tuple(weight.shape), f"must have the input's {x.shape[1]} channels in dim 1")
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        raise SpecError("requires_grad", True, "convgen has no backward yet: run inference under torch.no_grad() or "
-                        "torch.inference_mode(), or call model.requires_grad_(False)")
+    _refuse_grad(x, weight)
     channels_last = _is_channels_last(x)
     if not (channels_last or x.is_contiguous()):
         raise SpecError("input", f"strides {x.stride()}", "must be contiguous or channels_last: call .contiguous() or "
@@ -191,6 +190,14 @@ def _check_arguments(x, weight, groups: int, on_gpu: bool = True) -> bool:
         raise SpecError("weight", f"strides {weight.stride()}", f"must be in the input's memory format ({wanted}): "
                         "convert it once with .contiguous(memory_format=...), not per call")
     return channels_last
+
+
+def _refuse_grad(x, weight) -> None:
+    """No backward exists yet: a call that autograd would record is refused, never run without one
+    (the op has no autograd kernel, so gradients would silently stay None)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        raise SpecError("requires_grad", True, "convgen has no backward yet: run inference under torch.no_grad() or "
+                        "torch.inference_mode(), or call model.requires_grad_(False)")
 
 
 def _per_axis(name: str, value, dims: int) -> tuple[int, ...]:

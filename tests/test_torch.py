@@ -70,6 +70,16 @@ def test_a_swapped_model_traces_into_one_graph_with_no_break(backend):
     assert y.shape == (2, 256, 4, 4) and y.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_model_that_needs_gradients_is_refused(backend):
+    """Compiled, the forward calls the op with grad off: without the refusal at trace time the
+    weights' gradients would silently stay None (the op has no backward)."""
+    model = convgen_torch.Conv2d(3, 8, 3, padding=1).to("meta")
+    x = torch.empty(2, 3, 16, 16, device="meta")
+    with pytest.raises(Exception, match="no backward yet"):
+        torch.compile(model, fullgraph=True, backend=backend)(x)
+
+
 def test_swap_keeps_parameters_and_names_what_it_leaves():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=2),
                           nn.Conv3d(2, 2, 2), nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"),
