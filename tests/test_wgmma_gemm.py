@@ -116,6 +116,25 @@ def test_requested_rows_leave_pingpong_off_unless_asked_for():
     assert (shared.block_m, shared.warp_m, shared.pingpong) == (256, 128, False)
     asked = FAMILY.complete_tiles(conv12, {"wgmma": True, "warp_m": 128, "block_n": 128, "pingpong": True}, H100)
     assert (asked.block_m, asked.warp_m, asked.pingpong) == (128, 128, True)
+    conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3, dtype="bfloat16")
+    whole = FAMILY.complete_tiles(conv8, {"wgmma": True, "pingpong": True}, H100)   # the shared tile's 128-row half
+    assert (whole.block_m, whole.warp_m, whole.stages) == (128, 128, wgmma_gemm.PINGPONG_STAGES)
+    with pytest.raises(SpecError) as error:
+        FAMILY.complete_tiles(conv8, {"wgmma": True, "pingpong": True, "block_m": 256}, H100)
+    assert error.value.field == "tiles.block_m" and "pingpong" in error.value.allowed
+
+
+def test_completed_tiles_refit_stages_and_split_k_that_were_not_asked_for():
+    """The batch-1 TF32 layer's heuristic is ping-pong 64x128 with 5 stages and split 16 (4 tiles):
+    256-row shared tiles take the stages that fit, and 256 columns (2 tiles) their own split."""
+    b1 = ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3, padding=1,
+                  dtype="float32", math="tf32")
+    tall = FAMILY.complete_tiles(b1, {"wgmma": True, "block_m": 256}, H100)
+    check_tiles(b1, tall, H100)
+    assert (tall.warp_m, tall.stages, tall.pingpong) == (128, 4, False)
+    wide = FAMILY.complete_tiles(b1, {"wgmma": True, "block_n": 256}, H100)
+    assert wide.block_n == 256 and wide.split_k == wgmma_gemm._split_k(2, 144, H100.sm_count) == 16
+    assert FAMILY.complete_tiles(b1, {"wgmma": True, "split_k": 3}, H100).split_k == 3
 
 
 @pytest.mark.parametrize("pingpong", [False, True])

@@ -459,22 +459,11 @@ class TensorCoreGemm(Family):
     def complete_tiles(self, spec: ConvSpec, requested: dict, device: Device | str | None = None) -> MmaTiles:
         """The tiles a user asked for, the rest from the heuristic (the WGMMA kernel's where wgmma is
         asked for: the spec and target are checked first); a CTA tile asked for without its warp tile
-        keeps the heuristic's warp tile where it fits, else takes the whole CTA tile, and with wgmma a
-        consumer warpgroup spans block_n and takes half of block_m from 128 rows up (all of it with
-        pingpong, which a requested block_m or warp_m leaves off unless pingpong is asked for too)."""
+        keeps the heuristic's warp tile where it fits, else takes the whole CTA tile; with wgmma,
+        ``wgmma_gemm.complete_fields``."""
         if requested.get("wgmma") is True:
             wgmma_gemm.check_spec(spec, as_device(device))
-            base = wgmma_gemm.heuristic_fields(spec, device)
-            rows_asked = any(isinstance(requested.get(name), int) for name in ("block_m", "warp_m"))
-            base["pingpong"] = requested.get("pingpong", base.get("pingpong", False) and not rows_asked)
-            if isinstance(requested.get("block_n"), int) and "warp_n" not in requested:
-                base["warp_n"] = requested["block_n"]
-            if isinstance(requested.get("block_m"), int) and "warp_m" not in requested:
-                whole = base["pingpong"] or requested["block_m"] < 2 * wgmma_gemm.MMA_ROWS
-                base["warp_m"] = requested["block_m"] // (1 if whole else wgmma_gemm.MAX_CONSUMERS)
-            if isinstance(requested.get("warp_m"), int) and "block_m" not in requested and base["pingpong"]:
-                base["block_m"] = requested["warp_m"]
-            return MmaTiles.from_dict({**base, **requested})
+            return MmaTiles.from_dict(wgmma_gemm.complete_fields(spec, requested, device))
         base = heuristic_tiles(spec, device).to_dict()
         for block, warp in (("block_m", "warp_m"), ("block_n", "warp_n")):
             if block in requested and warp not in requested and isinstance(requested[block], int):

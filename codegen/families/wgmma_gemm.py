@@ -275,6 +275,43 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
 
 
+def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None = None) -> dict[str, Any]:
+    """The WGMMA tiles a user asked for, the rest from the heuristic fitted to them: a consumer
+    warpgroup spans block_n; with pingpong (the heuristic's unless block_m or warp_m is asked for
+    without it) it takes whole tiles of 64 or 128 rows, else half of block_m from 128 rows up;
+    stages and split_k not asked for are chosen again for the completed tile, as the heuristic
+    chooses them."""
+    device = as_device(device)
+    base = heuristic_fields(spec, device)
+    rows_asked = any(isinstance(requested.get(name), int) for name in ("block_m", "warp_m"))
+    fields = {**base, "pingpong": requested.get("pingpong", base.get("pingpong", False) and not rows_asked)}
+    if isinstance(requested.get("block_n"), int) and "warp_n" not in requested:
+        fields["warp_n"] = requested["block_n"]
+    block_m, warp_m = requested.get("block_m"), requested.get("warp_m")
+    if fields["pingpong"] is True:
+        rows = next((r for r in (block_m, warp_m) if isinstance(r, int)),
+                    base["block_m"] if base.get("pingpong") else base["warp_m"])
+        if rows not in (MMA_ROWS, 2 * MMA_ROWS):
+            raise SpecError("tiles.block_m", rows, f"must be {MMA_ROWS} or {2 * MMA_ROWS} with pingpong: each consumer "
+                            "warpgroup takes whole tiles of block_m = warp_m rows")
+        fields["block_m"] = fields["warp_m"] = rows
+    elif isinstance(block_m, int) and not isinstance(warp_m, int):
+        fields["warp_m"] = block_m // (MAX_CONSUMERS if block_m >= 2 * MMA_ROWS else 1)
+    fields.update(requested)
+    if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
+        return fields   # MmaTiles refuses the field, naming it
+    if "stages" not in requested:
+        fields["stages"] = PINGPONG_STAGES if fields["pingpong"] else DEFAULT_STAGES
+        while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
+            fields["stages"] -= 1
+    if "split_k" not in requested:
+        gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+        fields["split_k"] = (_split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
+                                      -(-gemm_k // fields["block_k"]), device.sm_count)
+                             if spec.dtype is DType.float32 else 1)
+    return fields
+
+
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
     warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
