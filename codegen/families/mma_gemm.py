@@ -114,8 +114,10 @@ class MmaTiles(Tiles):
                   "(block_m = warp_m), so that one's epilogue runs under the other's MMAs (CUTLASS's ping-pong "
                   "schedule); off, the consumer warpgroups share each tile", choices=(False, True)),
         TileParam("split_k", "with wgmma and float32 output (tf32): work units that share one output tile's K "
-                  "range (CUTLASS's split-K), summing their partial tiles into the zeroed output with atomic adds: "
-                  "more work where the output has few tiles and K is long", minimum=1, maximum=16),
+                  "range (CUTLASS's split-K), summing their partial tiles into the zeroed output with atomic adds "
+                  "(so the sums' order, and their last bits, vary from run to run): more work where the output has "
+                  "few tiles and K is long; ranges are whole k-slices, none empty, so a split past what the slices "
+                  "allow evenly gives fewer units (16 on 18 slices: 9 ranges of 2)", minimum=1, maximum=16),
     )
     wgmma: bool = False
     pingpong: bool = False

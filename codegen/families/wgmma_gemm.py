@@ -61,7 +61,8 @@ TUNING_STAGES = (2, 3, 4, 5)
 """Stages the tuner tries: on the prototype 5 ran no faster than 4 with shared tiles; ping-pong's
 smaller tiles gained from 4 to 5 (conv12, 64x256: 455 to 462 TFLOP/s in BF16)."""
 PINGPONG_STAGES = 5
-"""Ping-pong's stages: 5 ran 1-5 % faster than 4 on conv8 and conv12, 6 no faster than 5."""
+"""Ping-pong's stages: 5 against 4 ran conv8's 128x128 tiles 5 % faster in both precisions and
+conv12's 64x256 2-4 % faster (conv12's 128x128 1 % slower in BF16); 6 ran no faster than 5."""
 REGISTER_SPLIT = (56, 224)
 """``setmaxnreg`` registers of a producer and a consumer thread with two consumer warpgroups
 (384 threads, 64,512 of the 65,536): at 40 the producer spilled 4 bytes on 256-channel tiles."""
@@ -268,7 +269,7 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     most ranges that still take one wave of work units, at most ``MAX_SPLIT_K``, each range at
     least ``MIN_SPLIT_SLICES`` slices.  H100, TF32 (docs/perf-history.md, TC v3): with 4 and 8
     tiles splitting ran 1.2-3.8x faster (g_3x3_512_b1 5.5 -> 21.0 TFLOP/s with 16); with 70-100
-    tiles every split was slower, by up to half (conv12: 279 unsplit, 132 in 5), since each range's
+    tiles every split was slower, by 6-59 % (conv12: 279 TFLOP/s unsplit, 132 in 5, 115 in 10): each range's
     atomic adds and the zeroed output cost more than the SMs it adds."""
     if SPLIT_SM_SHARE * tiles > sm_count:
         return 1
@@ -378,7 +379,7 @@ class WgmmaContext(ConvolutionContext):
     m_blocks: int
     """64-row MMAs of a consumer warpgroup."""
     k_steps: int
-    """16-element MMA steps of a k-slice."""
+    """MMA steps of a k-slice (``mma_k`` elements each)."""
     threads: int
     stages: int
     register_split: tuple[int, int] | None

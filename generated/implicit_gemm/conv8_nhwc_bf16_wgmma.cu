@@ -358,7 +358,7 @@ static double reference_at(const float* x, const float* w, long long e, double* 
 
 // The error bound of codegen/precision.py for bfloat16: |y - y*| <= E + u_out (|y*| + E) + eta_out,
 // E = (e_mul + e_acc P L) S, for the exact sum y* (want) and the sum S of the products' magnitudes.
-static const double convgen_e_mul = 0.0;  // e_mul = 0: one product's relative error from rounding its operands
+static const double convgen_e_mul = 0.0;  // e_mul = 0: one product's relative error from its operands' reduction to the multiplier's type
 static const double convgen_e_acc = 1.1920928955078125e-07;  // e_acc = 2^-23: each accumulated product's (tensor cores truncate what they add)
 static const double convgen_products_per_term = 1;  // P: tensor-core products a term
 static const double convgen_terms = 576;  // L: terms of a sum (channels x taps, padding taps included)

@@ -313,7 +313,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_l1_ndhwc_tf32_wgmma(const fl
 #endif
 
 // CPU reference for the self-test: output element e, the sum over channels and taps of the inputs as stored
-// (exact products, summed in double); the kernel's TF32 rounding of its operands is in the bound.
+// (exact products, summed in double); the kernel's reduction of its operands to TF32 is in the bound.
 // *magnitude gets S, the sum of the products' magnitudes, which the error bound scales with.
 static double reference_at(const float* x, const float* w, long long e, double* magnitude)
 {
@@ -344,7 +344,7 @@ static double reference_at(const float* x, const float* w, long long e, double* 
 
 // The error bound of codegen/precision.py for float32 with math tf32: |y - y*| <= E + u_out (|y*| + E) + eta_out,
 // E = (e_mul + e_acc P L) S, for the exact sum y* (want) and the sum S of the products' magnitudes.
-static const double convgen_e_mul = 0.0019540786743164062;  // e_mul = 2^-9 + 2^-20: one product's relative error from rounding its operands
+static const double convgen_e_mul = 0.0019540786743164062;  // e_mul = 2^-9 + 2^-20: one product's relative error from its operands' reduction to the multiplier's type
 static const double convgen_e_acc = 1.1920928955078125e-07;  // e_acc = 2^-23: each accumulated product's (tensor cores truncate what they add)
 static const double convgen_products_per_term = 1;  // P: tensor-core products a term
 static const double convgen_terms = 864;  // L: terms of a sum (channels x taps, padding taps included)
