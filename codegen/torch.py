@@ -30,7 +30,7 @@ except ImportError as missing:   # PyTorch is optional for the rest of convgen
     raise ImportError("codegen.torch needs PyTorch: pip install torch (see https://pytorch.org/get-started/ for "
                       "the build that matches your CUDA); the rest of convgen runs without it") from missing
 
-from codegen.api import Kernel, build
+from codegen.api import Kernel, build, plan
 from codegen.spec import ConvSpec, SpecError, output_extents
 from codegen.tiles import Tiles
 
@@ -109,7 +109,8 @@ def _run(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, t
     x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
     key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
            x_pointer % KEYED_ALIGNMENT, weight_pointer % KEYED_ALIGNMENT, geometry, groups, math_mode, family,
-           _tiles_key(tiles), torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+           _tiles_key(tiles), torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
+           torch.are_deterministic_algorithms_enabled())
     found = _kernels.get(key)
     if found is not None:
         kernel, shape, strides, device_index = found
@@ -134,7 +135,7 @@ def _kernel_for(x, weight, geometry: tuple, groups: int, math_mode: str, family:
     """Check the arguments as a user would want them named, then build the kernel."""
     spec, channels_last = spec_for(x, weight, geometry, groups, math_mode)
     with torch.cuda.device(x.device):
-        return build(family, spec, _as_tiles(tiles)), channels_last
+        return build(family, spec, _deterministic(family, spec, _as_tiles(tiles))), channels_last
 
 
 def _build_only(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> None:
@@ -142,9 +143,21 @@ def _build_only(x, weight, geometry: tuple, groups: int, math_mode: str, family:
     spec, _ = spec_for(x, weight, geometry, groups, math_mode, on_gpu=False)
     key = (spec, family, _tiles_key(tiles))
     if key not in _check_only["seen"]:
-        kernel = build(family, spec, _as_tiles(tiles), target=_check_only["target"])
+        target = _check_only["target"]
+        kernel = build(family, spec, _deterministic(family, spec, _as_tiles(tiles), target), target=target)
         _check_only["seen"][key] = kernel
         _check_only["built"].append((spec, kernel))
+
+
+def _deterministic(family: str, spec: ConvSpec, tiles, target=None):
+    """``tiles``, or under ``torch.use_deterministic_algorithms`` where none are given, the chosen
+    tiles without split-K: its partial tiles are summed with atomic adds in an order that varies
+    from run to run, and PyTorch asks every library for run-to-run identical results there (as
+    cuDNN then leaves out its nondeterministic algorithms)."""
+    if tiles is not None or not torch.are_deterministic_algorithms_enabled():
+        return tiles
+    chosen = plan(family, spec, target=target).tiles
+    return {**chosen.to_dict(), "split_k": 1} if getattr(chosen, "split_k", 1) > 1 else None
 
 
 def spec_for(x, weight, geometry: tuple, groups: int = 1, math_mode: str = "fma",

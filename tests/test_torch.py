@@ -80,6 +80,23 @@ def test_a_compiled_model_that_needs_gradients_is_refused(backend):
         torch.compile(model, fullgraph=True, backend=backend)(x)
 
 
+def test_deterministic_algorithms_leave_split_k_out(cache_dir):
+    """A batch-1 512-channel TF32 layer splits K 16 ways on the H100 (atomic adds, varying order);
+    under torch.use_deterministic_algorithms the same call builds the unsplit kernel."""
+    model = convgen_torch.Conv2d(512, 512, 3, padding=1).to(memory_format=torch.channels_last)
+    x = torch.empty(1, 512, 7, 7).contiguous(memory_format=torch.channels_last)
+    splits = []
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            with torch.no_grad(), convgen_torch.check_only("h100") as built:
+                model(x)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        splits.append(built[0][1].plan.tiles.split_k)
+    assert splits == [16, 1]
+
+
 def test_swap_keeps_parameters_and_names_what_it_leaves():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=2),
                           nn.Conv3d(2, 2, 2), nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"),
