@@ -4,6 +4,7 @@ float16, bfloat16 and float32 with math tf32, with 16-byte channel runs, on rand
 NaN, so a read of it shows), each output within ``codegen.precision.error_bound`` of the float64
 convolution of the stored inputs (for TF32, the bound of operands truncated to TF32, as the kernel's
 plan says they are).  PyTorch at the same precision is the second oracle."""
+import dataclasses
 import subprocess
 
 import numpy as np
@@ -39,12 +40,14 @@ def _inputs(spec: ConvSpec, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, precision.to_storage(rng.standard_normal(alg.filter_shape), spec.dtype)
 
 
-def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles) -> np.ndarray:
-    """The WGMMA kernel's output on x and w (poisoned with NaN before the launch), as float64."""
+def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles, sm_count: int | None = None) -> np.ndarray:
+    """The WGMMA kernel's output on x and w (poisoned with NaN before the launch), as float64;
+    ``sm_count`` plans a grid of that many persistent blocks (so each takes several work units)."""
     import cupy
 
     assert tiles.wgmma
-    kernel = compile_plan(FAMILY.plan(spec, tiles, present()), device_arch())
+    device = present() if sm_count is None else dataclasses.replace(present(), sm_count=sm_count)
+    kernel = compile_plan(FAMILY.plan(spec, tiles, device), device_arch())
     assert kernel.plan.tf32_truncated == (spec.dtype is DType.float32)   # what _assert_within_bound assumes
     out = cupy.full(kernel.plan.output.shape, NAN_BITS[spec.dtype], dtype=NAN_BITS[spec.dtype].dtype)
     kernel(cupy.asarray(x), cupy.asarray(w), out=out)
@@ -130,7 +133,7 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                                             filter_size=3, padding=1, dtype="bfloat16"), (128, 256, 64, 4)),
     "pingpong-many-tiles-per-block": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64),
                                                filter_size=3, padding=1, dtype="bfloat16"), (64, 32, 64, 3, True)),
-    "pingpong-one-or-two-tiles-per-block-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
+    "pingpong-two-tiles-per-block-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
                                                           filter_size=3, padding=1, dilation=(1, 2), dpitch=24,
                                                           dtype="float32", math="tf32"), (128, 128, 128, 5, True)),
     "split-k-tf32-uneven-ranges-pingpong": (ConvSpec(dims=2, layout="NHWC", n=1, c=200, k=72, input_size=(9, 11),
@@ -160,6 +163,25 @@ def test_odd_shapes_within_the_error_bound(name):
         split_k=shape[5] if len(shape) > 5 else 1)
     x, w = _inputs(spec, seed=11)
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
+
+
+SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several work units of uneven count
+    "split-k-tf32-uneven-ranges-pingpong": 3,        # 10 units (2 tiles x ranges of 12, 12, 12, 12, 9 slices): 4, 3, 3
+    "pingpong-two-tiles-per-block-tf32": 5,          # 256 tiles: 52 or 51 a block, even and odd
+    "many-tiles-per-block": 7,                       # 723 tiles, one consumer warpgroup: 103 or 104 a block
+}
+
+
+@pytest.mark.parametrize("name", SMALL_GRIDS)
+def test_odd_shapes_on_a_small_grid_within_the_error_bound(name):
+    """The ring's phases and ping-pong's named barriers over many units a block: the kernel is
+    persistent, so a grid planned for a few SMs runs as it would on a card with that many."""
+    spec, shape = ODD_CASES[name]
+    tiles = MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
+                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
+                     split_k=shape[5] if len(shape) > 5 else 1)
+    x, w = _inputs(spec, seed=13)
+    _assert_within_bound(spec, _run(spec, x, w, tiles, sm_count=SMALL_GRIDS[name]), x, w)
 
 
 def test_tf32_operands_are_truncated_as_the_plan_says():
