@@ -439,7 +439,7 @@ class TensorCoreGemm(Family):
     tiles_type = MmaTiles
     summary = ("implicit-GEMM convolution on tensor cores (sm_80+, mma.sync): float16, bfloat16, and float32 "
                "with math tf32 or 3xtf32; FP32 accumulation, cp.async pipeline; wgmma=True: Hopper's warpgroup MMA "
-               "(sm_90, channels-last float16 and bfloat16)")
+               "(sm_90, channels-last float16, bfloat16 and tf32)")
 
     def check_precision(self, spec: ConvSpec) -> None:
         """Only tensor-core specs: float32 with math fma runs on the FMA kernel."""
