@@ -1,8 +1,9 @@
 """The Python API: build a kernel for a spec, then call it on device arrays.
 
 ``build`` runs the whole flow (plan, render, compile/cache) once; the returned ``Kernel`` checks
-every argument (kind, device, dtype, shape, contiguity, alignment) before each launch, so a wrong
-array fails with a sentence instead of a wrong answer or a crash.
+every argument (kind, device, dtype, shape, contiguity, alignment) before it launches, so a wrong
+array fails with a sentence instead of a wrong answer or a crash; PyTorch tensors of a signature
+already checked in full (``Kernel._call_torch``) skip the repeat.
 """
 from __future__ import annotations
 
@@ -181,9 +182,11 @@ class Kernel:
         device_index = self._accepted.get(signature)
         if device_index is None:
             self._check_torch(inputs, out)
-            if len(self._accepted) >= MAX_ACCEPTED_SIGNATURES:
-                self._accepted.clear()
-            device_index = self._accepted[signature] = first.get_device()
+            device_index = first.get_device()
+            if all(entry[1] for entry in signature):    # kept only as contiguous, as the checks require
+                if len(self._accepted) >= MAX_ACCEPTED_SIGNATURES:
+                    self._accepted.clear()
+                self._accepted[signature] = device_index
         self.launch_tensors(pointers, device_index)
         return out
 
@@ -210,12 +213,18 @@ class Kernel:
 
     def launch(self, arrays: list, result, stream=None) -> None:
         """Launch on already-checked CuPy arrays (the benchmark's hot path) on ``stream`` (default
-        CuPy's current one); workspaces come from CuPy's pool, so repeated calls reuse its memory."""
+        CuPy's current one), on the arrays' device; workspaces come from CuPy's pool there, so
+        repeated calls reuse its memory."""
         import cupy
 
         stream = stream or cupy.cuda.get_current_stream()
         pointers = [*(a.data.ptr for a in arrays), result.data.ptr]
-        self._launcher.run(result.device.id, pointers, stream.ptr, _cupy_workspace)
+        device_id = result.device.id
+        if device_id == cupy.cuda.runtime.getDevice():
+            self._launcher.run(device_id, pointers, stream.ptr, _cupy_workspace)
+        else:
+            with cupy.cuda.Device(device_id):    # the module, the workspace and the launch on the arrays' device
+                self._launcher.run(device_id, pointers, stream.ptr, _cupy_workspace)
 
 
 def _torch_workspace(buffer: Buffer, device_id: int):

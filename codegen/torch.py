@@ -10,8 +10,8 @@ and bfloat16 tensors run the tensor-core kernel in their type, and float32 runs 
 PyTorch's cuDNN convolutions would (``torch.backends.cudnn.allow_tf32``, on by default), FP32
 FMA otherwise, unless ``math`` says which.
 
-Kernels are built once per (shapes, strides, dtype, device, geometry, family, tiles) and kept in
-this process; a call with arguments seen before goes from a dictionary lookup to the launch.  In
+Kernels are built once per (shapes, strides, dtypes, devices, 16-byte alignment residues,
+geometry, math mode, family, tiles, grad mode, deterministic flag) and kept in this process; a call with arguments seen before goes from a dictionary lookup to the launch.  In
 eager mode the functional launches directly (the custom op's dispatch costs more host time than
 the kernel on small layers); under ``torch.compile`` it calls the custom op, whose fake
 implementation gives the output's shape and strides without a GPU.

@@ -232,3 +232,28 @@ def test_the_functionals_key_holds_the_weights_dtype_and_device(monkeypatch):
     finally:
         convgen_torch.clear_kernels()
     assert built == [(torch.float32, "cpu"), (torch.float16, "cpu"), (torch.float32, "meta")]
+
+
+class _ChannelsLastStandIn(_StandInKernel):
+    """A channels-last kernel's stand-in: called on permuted (N, spatial, C) views, it returns its
+    output as the kernel does, (N, spatial, K) contiguous, for ``_run`` to permute back."""
+
+    def __call__(self, x, weight):
+        return torch.empty(x.shape[0], *x.shape[1:-1], weight.shape[0])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_a_kept_kernel_allocates_its_output_in_the_first_calls_memory_format(monkeypatch, dims):
+    """The second call skips the build and allocates from the first call's shape and strides: the
+    output stays channels_last (channels_last_3d) as the first one was."""
+    monkeypatch.setattr(convgen_torch, "_kernel_for", lambda *args: (_ChannelsLastStandIn(), True))
+    fmt = {2: torch.channels_last, 3: torch.channels_last_3d}[dims]
+    x = torch.randn(2, 4, *(6,) * dims).contiguous(memory_format=fmt)
+    w = torch.randn(5, 4, *(3,) * dims).contiguous(memory_format=fmt)
+    convgen_torch.clear_kernels()
+    try:
+        first, second = (convgen_torch.conv(x, w, padding=1, math="fma") for _ in range(2))
+    finally:
+        convgen_torch.clear_kernels()
+    assert first.is_contiguous(memory_format=fmt) and not first.is_contiguous()
+    assert second.shape == first.shape and second.stride() == first.stride()
