@@ -11,8 +11,8 @@ PyTorch's cuDNN convolutions would (``torch.backends.cudnn.allow_tf32``, on by d
 FMA otherwise, unless ``math`` says which.
 
 Kernels are built once per (shapes, strides, dtypes, devices, 16-byte alignment residues,
-geometry, math mode, family, tiles, grad mode, deterministic flag) and kept in this process; a call with arguments seen before goes from a dictionary lookup to the launch.  In
-eager mode the functional launches directly (the custom op's dispatch costs more host time than
+geometry, math mode, family, tiles, grad mode, deterministic flag) and kept in this process; a
+call with arguments seen before goes from a dictionary lookup to the launch.  In eager mode the functional launches directly (the custom op's dispatch costs more host time than
 the kernel on small layers); under ``torch.compile`` it calls the custom op, whose fake
 implementation gives the output's shape and strides without a GPU.
 """
@@ -107,10 +107,7 @@ def _run(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, t
     and strides, and the launch on the three addresses, which is what keeps the host time of a
     call near PyTorch's own."""
     x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
-    key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
-           x_pointer % KEYED_ALIGNMENT, weight_pointer % KEYED_ALIGNMENT, geometry, groups, math_mode, family,
-           _tiles_key(tiles), torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
-           torch.are_deterministic_algorithms_enabled())
+    key = _call_key(x, weight, x_pointer, weight_pointer, geometry, groups, math_mode, family, tiles)
     found = _kernels.get(key)
     if found is not None:
         kernel, shape, strides, device_index = found
@@ -129,6 +126,15 @@ def _run(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, t
             _kernels.clear()
         _kernels[key] = (kernel, y.shape, y.stride(), x.get_device())
     return y
+
+
+def _call_key(x, weight, x_pointer: int, weight_pointer: int, geometry: tuple, groups: int, math_mode: str,
+              family: str, tiles) -> tuple:
+    """What a kept kernel is found by: everything that changes the kernel, its checks or its launch."""
+    return (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
+            x_pointer % KEYED_ALIGNMENT, weight_pointer % KEYED_ALIGNMENT, geometry, groups, math_mode, family,
+            _tiles_key(tiles), torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
+            torch.are_deterministic_algorithms_enabled())
 
 
 def _kernel_for(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> tuple[Kernel, bool]:

@@ -91,8 +91,10 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
     recipes = kernel._launcher._plain_recipes.get(0, ())
     single = recipes[0] if len(recipes) == 1 and not recipes[0].tensor_maps else None
 
+    block = single.parameter_block() if single else None
+
     def driver_only():
-        launch_kernel(*single.driver_arguments, stream, single.parameter_block().address, 0)
+        launch_kernel(*single.driver_arguments, stream, block.address, 0)
 
     geometry = ((1, 1), (1, 1), (1, 1))
     parts = {
@@ -102,9 +104,8 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
         "  of which: stream, device": lambda: (torch._C._cuda_getCurrentRawStream(0), torch._C._cuda_getDevice()),
         "  of which: Kernel's key": lambda: tuple([(t.shape, t.is_contiguous(), t.dtype, t.device, t.data_ptr() % a)
                                                    for t, a in zip((xk, wk, out), kernel._call_alignments)]),
-        "  of which: conv's key": lambda: (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device,
-                                           w.device, x.data_ptr() % 16, w.data_ptr() % 16, geometry, 1, "fma",
-                                           "implicit_gemm", "", torch.is_grad_enabled()),
+        "  of which: conv's key": lambda: convgen_torch._call_key(x, w, x.data_ptr(), w.data_ptr(), geometry, 1, "fma",
+                                                                  "implicit_gemm", None),
     }
     return {name: seconds * 1e6 for name, seconds in per_call_seconds({**runs, **parts}).items()}
 

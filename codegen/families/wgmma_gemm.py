@@ -4,18 +4,21 @@ the variant ``wgmma`` of implicit_gemm's tensor-core kernel (``mma_gemm``), whic
 the family.
 
 The GEMM is mma_gemm's: M output pixels, N output channels, K = C x taps in the filter's own order,
-A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n * GEMM_K
-+ k].  A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or two
-consumer warpgroups.  The producer fills a ring of ``stages`` k-slices of 64 elements (128 bytes a
-row: 64 16-bit or 32 float32 elements, A and B both k-major) with 16-byte ``cp.async`` copies into the 128-byte swizzle (chunk j of
-row r at j ^ (r % 8)), zero-filled where a tap lies in the padding or past M, N or K, and each of
-its threads arrives on the slice's "full" mbarrier once its copies have landed.  Each consumer
-warpgroup owns warp_m rows of the block_m x block_n tile: it waits on "full", orders the copies'
-writes before its MMAs (``fence.proxy.async``: wgmma reads shared memory through the async proxy,
-cp.async writes through the generic one), issues m64n{block_n}k16 (16-bit) or k8 (TF32) MMAs from two
-shared-memory descriptors, and releases the slice on its "empty" mbarrier once the next slice's MMAs are issued
-and this one's retired.  The FP32 accumulators are rounded once, in the epilogue, and stored from
-registers while the producer already fills the next tile's slices.
+A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n *
+GEMM_K + k]. A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or
+two consumer warpgroups. The producer fills a ring of ``stages`` k-slices (128 bytes a row: 64
+16-bit or 32 float32 elements, A and B both k-major) with 16-byte ``cp.async`` copies into the
+128-byte swizzle (chunk j of row r at j ^ (r % 8)), zero-filled where a tap lies in the padding or
+past M, N or K, and each of its threads arrives on the slice's "full" mbarrier once its copies have
+landed. Each consumer warpgroup owns warp_m rows of the block_m x block_n tile: it waits on "full",
+orders the copies' writes before its MMAs (``fence.proxy.async``: wgmma reads shared memory through
+the async proxy, cp.async writes through the generic one), issues m64n{block_n}k16 (16-bit) or k8
+(TF32) MMAs from two shared-memory descriptors, and releases the slice on its "empty" mbarrier once
+the next slice's MMAs are issued and this one's retired. The FP32 accumulators are rounded once
+(16-bit outputs), in the epilogue, and stored from registers while the producer already fills the
+next tile's slices; with ``pingpong`` the two consumer warpgroups take alternate tiles whole, and
+with ``split_k`` (float32 outputs) a tile's k-slices are split into work units whose partial tiles
+are added into the zeroed output.
 
 TF32 operands reach the tensor cores as the float32 bits ``cp.async`` copied: wgmma reads them from
 shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
@@ -225,8 +228,8 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     (``pingpong``), with ``PINGPONG_STAGES`` stages, of the warpgroup tile that leaves the busiest SM
     the least work (tiles per SM, rounded up, times the tile's area), at equal work the largest and
     then the widest, among tiles at least half the largest's area (smaller ones multiply less per
-    byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200 x 512 x 4608) every shape leaves one 16384-element tile's work,
-    and 64x256 ran 462 TFLOP/s in BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276,
+    byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200 x
+    512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276,
     262, 201, 165).  Where tiles are many, ping-pong ran conv8 7 % faster in BF16 but 4-21 % slower
     in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there.  Float32 (TF32)
     outputs split K where the tiles are very few (``_split_k``)."""
