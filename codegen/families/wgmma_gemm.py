@@ -225,14 +225,15 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     tile has 128 rows or more; ``DEFAULT_STAGES`` stages or as many as fit.
 
     Where that leaves a 64-row tile, one consumer warpgroup, the two take alternate tiles instead
-    (``pingpong``), with ``PINGPONG_STAGES`` stages, of the warpgroup tile that leaves the busiest SM
-    the least work (tiles per SM, rounded up, times the tile's area), at equal work the largest and
-    then the widest, among tiles at least half the largest's area (smaller ones multiply less per
-    byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200 x
-    512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276,
-    262, 201, 165).  Where tiles are many, ping-pong ran conv8 7 % faster in BF16 but 4-21 % slower
-    in TF32 and on c3d_conv2 and c3d_conv3, so the consumers share tiles there.  Float32 (TF32)
-    outputs split K where the tiles are very few (``_split_k``)."""
+    (``pingpong``), with ``PINGPONG_STAGES`` stages, of the warpgroup tile that leaves the busiest
+    SM the least work (tiles per SM, rounded up, times the tile's area), at equal work the largest
+    and then the widest, among tiles at least half the largest's area (smaller ones multiply less
+    per byte of shared memory their MMAs read, which the count of work leaves out): on conv12 (3200
+    x 512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in
+    BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276, 262, 201, 165). Where tiles
+    are many, ping-pong ran conv8 7 % faster in BF16 but conv8 in TF32 and c3d_conv2 and c3d_conv3
+    1-21 % slower, so the consumers share tiles there. Float32 (TF32) outputs split K where the
+    tiles are very few (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
