@@ -12,9 +12,10 @@ FMA otherwise, unless ``math`` says which.
 
 Kernels are built once per (shapes, strides, dtypes, devices, 16-byte alignment residues,
 geometry, math mode, family, tiles, grad mode, deterministic flag) and kept in this process; a
-call with arguments seen before goes from a dictionary lookup to the launch.  In eager mode the functional launches directly (the custom op's dispatch costs more host time than
-the kernel on small layers); under ``torch.compile`` it calls the custom op, whose fake
-implementation gives the output's shape and strides without a GPU.
+call with arguments seen before goes from a dictionary lookup to the launch.  In eager mode the
+functional launches directly (the custom op's dispatch costs more host time than the kernel on
+small layers); under ``torch.compile`` it calls the custom op, whose fake implementation gives the
+output's shape and strides without a GPU.
 """
 from __future__ import annotations
 
