@@ -51,6 +51,9 @@ MAX_KERNELS = 256
 _kernels: dict[tuple, tuple[Kernel, torch.Size, tuple[int, ...], int]] = {}
 """Per call key: the kernel, its output's shape and strides (the input's memory format), and the
 CUDA device index."""
+_built: dict[tuple, Kernel] = {}
+"""Per (spec, family, tiles, device): the kernel, shared by the call keys that differ in nothing it
+depends on (an address's residue, a size-1 axis's stride), so that each loads its module once."""
 _check_only: dict = {}
 """Set inside ``check_only``: the target kernels are built for, and what was built."""
 
@@ -72,6 +75,7 @@ def check_only(target: str = "h100") -> Iterator[list]:
 def clear_kernels() -> None:
     """Forget the process's kernels (they rebuild from the compile cache on their next call)."""
     _kernels.clear()
+    _built.clear()
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int | Sequence[int] = 1,
@@ -141,8 +145,15 @@ def _call_key(x, weight, x_pointer: int, weight_pointer: int, geometry: tuple, g
 def _kernel_for(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> tuple[Kernel, bool]:
     """Check the arguments as a user would want them named, then build the kernel."""
     spec, channels_last = spec_for(x, weight, geometry, groups, math_mode)
-    with torch.cuda.device(x.device):
-        return build(family, spec, _deterministic(family, spec, _as_tiles(tiles))), channels_last
+    key = (spec, family, _tiles_key(tiles), x.get_device(), torch.are_deterministic_algorithms_enabled())
+    kernel = _built.get(key)
+    if kernel is None:
+        with torch.cuda.device(x.device):
+            kernel = build(family, spec, _deterministic(family, spec, _as_tiles(tiles)))
+        if len(_built) >= MAX_KERNELS:
+            _built.clear()
+        _built[key] = kernel
+    return kernel, channels_last
 
 
 def _build_only(x, weight, geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> None:

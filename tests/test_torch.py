@@ -1,6 +1,7 @@
 """codegen.torch without a GPU: the custom op's fake implementation, tracing a whole model into one
 graph, the modules and the swap, the refusals, and check-only builds.  Skipped where PyTorch is
 not installed (it is optional); ``import codegen`` never needs it."""
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +258,22 @@ def test_a_kept_kernel_allocates_its_output_in_the_first_calls_memory_format(mon
         convgen_torch.clear_kernels()
     assert first.is_contiguous(memory_format=fmt) and not first.is_contiguous()
     assert second.shape == first.shape and second.stride() == first.stride()
+
+
+def test_call_keys_that_differ_only_in_an_address_residue_share_one_kernel(monkeypatch):
+    """Two calls whose inputs differ only in their addresses' 16-byte residue are two call keys (the
+    alignment checks run again) but one spec: the second reuses the first's kernel and module."""
+    built = []
+    spec = ConvSpec(dims=2, layout="NCHW", n=2, c=4, k=6, input_size=(8, 8), filter_size=3, padding=1)
+    monkeypatch.setattr(convgen_torch, "spec_for", lambda *args, **kwargs: (spec, False))
+    monkeypatch.setattr(convgen_torch, "build", lambda *args, **kwargs: built.append(args) or _StandInKernel())
+    monkeypatch.setattr(convgen_torch.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    shifted = torch.empty(x.numel() + 1)[1:].view(x.shape).copy_(x)
+    convgen_torch.clear_kernels()
+    try:
+        for x_call in (x, shifted, x):
+            convgen_torch.conv(x_call, w, padding=1, math="fma")
+        assert len(convgen_torch._kernels) == 2 and len(built) == 1
+    finally:
+        convgen_torch.clear_kernels()
