@@ -268,7 +268,7 @@ def cmd_fuzz(args) -> int:
     on_gpu = has_gpu()
     tiles = tiles_from_args(args)
     if tiles:
-        family.tiles_type.from_dict({**family.tiles_type().to_dict(), **tiles})   # names and values, before drawing
+        family.tiles_type.check_fields(tiles)   # names and values before drawing; the rest come per spec
     what = "kernels on the GPU" if on_gpu else "plans and index maps on the CPU (no GPU visible)"
     kept = ", ".join(f"{k}={v}" for k, v in pinned.items()) or "none"
     chosen = " (tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items()) + ")" if tiles else ""

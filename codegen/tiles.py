@@ -66,11 +66,18 @@ class Tiles:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Tiles":
-        names = {p.name for p in cls.PARAMS}
-        for key in data:
-            if key not in names:
-                raise SpecError(f"tiles.{key}", data[key], f"unknown tile for this family; its tiles are {', '.join(sorted(names))}")
+        cls.check_fields(data)
         return cls(**data)
+
+    @classmethod
+    def check_fields(cls, data: dict[str, Any]) -> None:
+        """Each field of ``data`` by itself: a known name with an allowed value.  How the fields fit
+        together (and with a spec) is the family's check, once the rest are chosen."""
+        params = {p.name: p for p in cls.PARAMS}
+        for key, value in data.items():
+            if key not in params:
+                raise SpecError(f"tiles.{key}", value, f"unknown tile for this family; its tiles are {', '.join(sorted(params))}")
+            params[key].check(value)
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.to_dict().items())

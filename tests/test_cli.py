@@ -769,7 +769,8 @@ def test_every_script_teaches_its_use_from_any_folder_without_a_gpu(tmp_path):
 
 def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs(capsys):
     """The fuzz step of scripts/gpu_tier.sh: every family, every direct variant, col2im's two
-    algorithms and the TMA implicit GEMM in all four layouts; and each case draws specs its kernel
+    algorithms, the TMA implicit GEMM in all four layouts and the WGMMA kernel with ping-pong and
+    split-K (tiles the default tiles would not take together); and each case draws specs its kernel
     takes, checked here on the CPU rather than found out as a failed step after a device call."""
     import re
     import shlex
@@ -785,6 +786,7 @@ def test_gpu_tier_fuzz_cases_cover_every_family_and_switch_and_each_checks_specs
     assert {("col2im", f"algorithm={a}") for a in ("gather", "scatter")} <= tiles
     tma_layouts = {case[case.index("--layout") + 1] for case in cases if "tma=true" in case}
     assert tma_layouts == {"NCHW", "NHWC", "NCDHW", "NDHWC"}
+    assert {("implicit_gemm", f) for f in ("wgmma=true", "pingpong=true", "split_k=3")} <= tiles
     for case in cases:
         assert main(["fuzz", *case, "--examples", "2", "--seed", "0"]) == 0, case
         assert "no failing spec in 2 checked;" in capsys.readouterr().out, case
