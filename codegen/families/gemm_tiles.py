@@ -326,8 +326,9 @@ def grid(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int, int]:
     return (tile_count(gemm_m, gemm_n, tiles.block_m, tiles.block_n), k_split(spec, tiles)[0], 1)
 
 
-def k_split(spec: ConvSpec, tiles: GemmTiles) -> tuple[int, int]:
-    """(CTAs per output tile, k-slices each takes): ``split_k`` ranges of whole slices, none empty."""
+def k_split(spec: ConvSpec, tiles: Tiles) -> tuple[int, int]:
+    """(CTAs or work units per output tile, k-slices each takes): ``split_k`` ranges of whole slices,
+    none empty; of any tiles with block_k and split_k (the FMA kernel's, the WGMMA kernel's)."""
     _, _, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     k_tiles = -(-gemm_k // tiles.block_k)
     if tiles.split_k > k_tiles:

@@ -32,6 +32,7 @@ the 16 rows a thread copies.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from codegen import index
 from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context,
                                    kernel_name)
+from codegen.families.gemm_tiles import k_split
 from codegen.spec import ConvSpec, DType, MathMode, SpecError
 from codegen.terms.gemm import gemm_sizes, gemm_terms
 
@@ -148,17 +150,6 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
                         f"is {spec.layout.value} {spec.dtype.value}{math} with C {spec.c}, pitch {spec.pitch}")
 
 
-def k_split(spec: ConvSpec, tiles) -> tuple[int, int]:
-    """(work units an output tile is split into, k-slices each takes): ``split_k`` ranges of whole
-    slices, none empty, as the FMA kernel's ``gemm_tiles.k_split``."""
-    k_tiles = -(-gemm_sizes(index.IndexAlgebra(spec))[2] // tiles.block_k)
-    if tiles.split_k > k_tiles:
-        raise SpecError("tiles.split_k", tiles.split_k, f"must be at most the {k_tiles} k-slices of {tiles.block_k} "
-                        f"that K = {gemm_sizes(index.IndexAlgebra(spec))[2]} makes")
-    per_split = -(-k_tiles // tiles.split_k)
-    return -(-k_tiles // per_split), per_split
-
-
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
     if tiles.split_k > 1 and spec.dtype is not DType.float32:
@@ -254,17 +245,30 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
                                key=lambda shape: (-(-_tile_count(gemm_m, gemm_n, *shape) // device.sm_count)
                                                   * shape[0] * shape[1], -shape[0] * shape[1], -shape[1]))
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m,
-                  "warp_n": block_n, "stages": PINGPONG_STAGES, "wgmma": True, "pingpong": True}
+                  "warp_n": block_n, "wgmma": True, "pingpong": True}
     else:
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m // MAX_CONSUMERS,
-                  "warp_n": block_n, "stages": DEFAULT_STAGES, "wgmma": True}
-    while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
-        fields["stages"] -= 1
-    if spec.dtype is DType.float32:
-        split = _split_k(_tile_count(gemm_m, gemm_n, block_m, block_n), -(-gemm_k // fields["block_k"]),
-                         device.sm_count)
-        if split > 1:
-            fields["split_k"] = split
+                  "warp_n": block_n, "wgmma": True}
+    return _fitted(spec, fields, device)
+
+
+def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> dict[str, Any]:
+    """``fields`` with the stages and split_k the heuristic takes for their tile, but those named in
+    ``kept``: the schedule's stages (``PINGPONG_STAGES`` or ``DEFAULT_STAGES``) or as many as fit,
+    and for float32 outputs the split of ``_split_k``."""
+    fields = dict(fields)
+    if "stages" not in kept:
+        fields["stages"] = PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES
+        while fields["stages"] > 2 and shared_bytes(spec, _shape(fields)) > device.shared_per_block:
+            fields["stages"] -= 1
+    if "split_k" not in kept:
+        fields.pop("split_k", None)
+        if spec.dtype is DType.float32:
+            gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+            split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
+                             -(-gemm_k // fields["block_k"]), device.sm_count)
+            if split > 1:
+                fields["split_k"] = split
     return fields
 
 
@@ -305,16 +309,7 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     fields.update(requested)
     if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
         return fields   # MmaTiles refuses the field, naming it
-    if "stages" not in requested:
-        fields["stages"] = PINGPONG_STAGES if fields["pingpong"] else DEFAULT_STAGES
-        while fields["stages"] > 2 and shared_bytes(spec, _Shape(**fields)) > device.shared_per_block:
-            fields["stages"] -= 1
-    if "split_k" not in requested:
-        gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
-        fields["split_k"] = (_split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
-                                      -(-gemm_k // fields["block_k"]), device.sm_count)
-                             if spec.dtype is DType.float32 else 1)
-    return fields
+    return _fitted(spec, fields, device, kept=requested)
 
 
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
@@ -342,6 +337,12 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
                         continue
                     space.append(fields)
     return space
+
+
+def _shape(fields: dict[str, Any]) -> "_Shape":
+    """The tile fields of ``fields`` as a ``_Shape``; any other key is left for ``MmaTiles`` to
+    refuse by name."""
+    return _Shape(**{f.name: fields[f.name] for f in dataclasses.fields(_Shape) if f.name in fields})
 
 
 @dataclass(frozen=True)
