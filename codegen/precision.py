@@ -53,18 +53,20 @@ def round_tf32(a) -> np.ndarray:
     away from zero (not to even), as float32 values whose low 13 bits are zero.  Adding half a
     TF32 unit to the magnitude bits and truncating is exactly that rounding, subnormals and the
     overflow to infinity included; NaN stays NaN."""
-    bits = _float32_bits(a)
-    half_unit = np.uint32(1 << (22 - TF32_MANTISSA_BITS))
-    rounded = (bits + half_unit) & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)
-    nan = np.isnan(bits.view(np.float32))
-    return np.where(nan, bits | np.uint32(0x7FC00000), rounded).astype(np.uint32).view(np.float32)
+    return _tf32_bits(a, 1 << (22 - TF32_MANTISSA_BITS))
 
 
 def truncate_tf32(a) -> np.ndarray:
     """``a`` (as float32) as the tensor cores read float32 bits as TF32 (wgmma from shared memory):
     the low 13 mantissa bits dropped, toward zero; NaN stays NaN."""
+    return _tf32_bits(a, 0)
+
+
+def _tf32_bits(a, added: int) -> np.ndarray:
+    """``a``'s float32 bits plus ``added``, with the mantissa bits TF32 lacks cleared, as float32;
+    NaN becomes a quiet NaN."""
     bits = _float32_bits(a)
-    kept = bits & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)
+    kept = (bits + np.uint32(added)) & np.uint32(~((1 << (23 - TF32_MANTISSA_BITS)) - 1) & 0xFFFFFFFF)
     nan = np.isnan(bits.view(np.float32))
     return np.where(nan, bits | np.uint32(0x7FC00000), kept).astype(np.uint32).view(np.float32)
 
