@@ -154,13 +154,17 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
 }
 
 
+def _odd_tiles(spec: ConvSpec, shape: tuple) -> MmaTiles:
+    """An ODD_CASES tile tuple as WGMMA tiles."""
+    return MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
+                    warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
+                    split_k=shape[5] if len(shape) > 5 else 1)
+
+
 @pytest.mark.parametrize("name", ODD_CASES)
 def test_odd_shapes_within_the_error_bound(name):
     spec, shape = ODD_CASES[name]
-    tiles = FAMILY.heuristic_tiles(spec, present()) if shape is None else MmaTiles(
-        block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2], warp_n=shape[1],
-        stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
-        split_k=shape[5] if len(shape) > 5 else 1)
+    tiles = FAMILY.heuristic_tiles(spec, present()) if shape is None else _odd_tiles(spec, shape)
     x, w = _inputs(spec, seed=11)
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
@@ -177,9 +181,7 @@ def test_odd_shapes_on_a_small_grid_within_the_error_bound(name):
     """The ring's phases and ping-pong's named barriers over many units a block: the kernel is
     persistent, so a grid planned for a few SMs runs as it would on a card with that many."""
     spec, shape = ODD_CASES[name]
-    tiles = MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
-                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
-                     split_k=shape[5] if len(shape) > 5 else 1)
+    tiles = _odd_tiles(spec, shape)
     x, w = _inputs(spec, seed=13)
     _assert_within_bound(spec, _run(spec, x, w, tiles, sm_count=SMALL_GRIDS[name]), x, w)
 
