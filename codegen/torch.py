@@ -168,14 +168,16 @@ def _build_only(x, weight, geometry: tuple, groups: int, math_mode: str, family:
 
 
 def _deterministic(family: str, spec: ConvSpec, tiles, target=None):
-    """``tiles``, or under ``torch.use_deterministic_algorithms`` where none are given, the chosen
-    tiles without split-K: its partial tiles are summed with atomic adds in an order that varies
-    from run to run, and PyTorch asks every library for run-to-run identical results there (as
-    cuDNN then leaves out its nondeterministic algorithms)."""
+    """``tiles``, or under ``torch.use_deterministic_algorithms`` where none are given and the
+    chosen plan adds split-K's partial tiles with atomic adds into a zeroed output (the FP32
+    kernels), those tiles unsplit: atomic adds sum in an order that varies from run to run, and
+    PyTorch asks every library for run-to-run identical results there (as cuDNN then leaves out its
+    nondeterministic algorithms). The WGMMA kernel's split-K adds its ranges in a fixed order."""
     if tiles is not None or not torch.are_deterministic_algorithms_enabled():
         return tiles
-    chosen = plan(family, spec, target=target).tiles
-    return {**chosen.to_dict(), "split_k": 1} if getattr(chosen, "split_k", 1) > 1 else None
+    chosen = plan(family, spec, target=target)
+    atomic = chosen.zero_output and getattr(chosen.tiles, "split_k", 1) > 1
+    return {**chosen.tiles.to_dict(), "split_k": 1} if atomic else None
 
 
 def spec_for(x, weight, geometry: tuple, groups: int = 1, math_mode: str = "fma",

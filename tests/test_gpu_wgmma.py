@@ -50,7 +50,16 @@ def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles, sm_count
     kernel = compile_plan(FAMILY.plan(spec, tiles, device), device_arch())
     assert kernel.plan.tf32_truncated == (spec.dtype is DType.float32)   # what _assert_within_bound assumes
     out = cupy.full(kernel.plan.output.shape, NAN_BITS[spec.dtype], dtype=NAN_BITS[spec.dtype].dtype)
-    kernel(cupy.asarray(x), cupy.asarray(w), out=out)
+    if kernel.plan.workspaces:   # split-K's partial tiles, NaN-poisoned too, so that one never written shows
+        def poisoned(buffer, device_id):
+            workspace = cupy.full(buffer.shape, np.nan, dtype=np.float32)
+            return workspace, workspace.data.ptr
+
+        arrays = (cupy.asarray(x), cupy.asarray(w), out)
+        kernel._launcher.run(out.device.id, [a.data.ptr for a in arrays], cupy.cuda.get_current_stream().ptr,
+                             poisoned)
+    else:
+        kernel(cupy.asarray(x), cupy.asarray(w), out=out)
     return precision.from_storage(cupy.asnumpy(out), spec.dtype)
 
 
@@ -83,12 +92,12 @@ def covered_specs(draw) -> ConvSpec:
 @st.composite
 def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
     """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows sharing
-    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, and for TF32
-    split-K into up to 7 ranges."""
+    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, and split-K into
+    up to 7 ranges."""
     warp_m = draw(st.sampled_from((64, 128)))
     block_n = draw(st.sampled_from(wgmma_gemm.BLOCK_N_CHOICES))
     pingpong = draw(st.booleans())
-    split_k = draw(st.sampled_from((1, 2, 3, 7))) if spec.dtype is DType.float32 else 1
+    split_k = draw(st.sampled_from((1, 2, 3, 7)))
     try:
         tiles = MmaTiles(block_m=warp_m * (1 if pingpong else draw(st.sampled_from((1, 2)))), block_n=block_n,
                          block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m, warp_n=block_n,
@@ -141,6 +150,14 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                                             (64, 128, 64, 4, True, 5)),
     "split-k-tf32-heuristic": (ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3,
                                         padding=1, dtype="float32", math="tf32"), None),
+    "split-k-bf16-heuristic": (ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3,
+                                        padding=1, dtype="bfloat16"), None),
+    "split-k-bf16-uneven-ranges-pingpong": (ConvSpec(dims=2, layout="NHWC", n=1, c=200, k=72, input_size=(9, 11),
+                                                     filter_size=3, padding=1, dpitch=208, dtype="bfloat16"),
+                                            (64, 128, 64, 4, True, 5)),
+    "split-k-fp16-odd-k-two-consumers": (ConvSpec(dims=3, layout="NDHWC", n=1, c=48, k=37, input_size=(4, 6, 5),
+                                                  filter_size=3, padding=(0, 1, 1), dtype="float16"),
+                                         (128, 64, 64, 3, False, 3)),
     "one-by-one": (ConvSpec(dims=2, layout="NHWC", n=2, c=128, k=256, input_size=(13, 13), filter_size=1,
                             dtype="float16"), None),
     "tf32-m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=75, input_size=(17, 23),
@@ -171,6 +188,7 @@ def test_odd_shapes_within_the_error_bound(name):
 
 SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several work units of uneven count
     "split-k-tf32-uneven-ranges-pingpong": 3,        # 10 units (2 tiles x ranges of 12, 12, 12, 12, 9 slices): 4, 3, 3
+    "split-k-bf16-uneven-ranges-pingpong": 3,        # 10 units (2 tiles x ranges of 6, 6, 6, 6, 5 slices): 4, 3, 3
     "pingpong-two-tiles-per-block-tf32": 5,          # 256 tiles: 52 or 51 a block, even and odd
     "many-tiles-per-block": 7,                       # 723 tiles, one consumer warpgroup: 103 or 104 a block
 }
@@ -184,6 +202,20 @@ def test_odd_shapes_on_a_small_grid_within_the_error_bound(name):
     tiles = _odd_tiles(spec, shape)
     x, w = _inputs(spec, seed=13)
     _assert_within_bound(spec, _run(spec, x, w, tiles, sm_count=SMALL_GRIDS[name]), x, w)
+
+
+@pytest.mark.parametrize("name", ["split-k-tf32-heuristic", "split-k-bf16-heuristic", "split-k-fp16-odd-k-two-consumers"])
+def test_split_k_gives_the_same_bits_on_any_grid(name):
+    """Split-K adds the ranges' partial tiles in range order, not in the order they finish: the
+    output is bit for bit the same on every run and whichever blocks take the ranges (full grid,
+    3 blocks, 1 block)."""
+    spec, shape = ODD_CASES[name]
+    tiles = FAMILY.heuristic_tiles(spec, present()) if shape is None else _odd_tiles(spec, shape)
+    assert tiles.split_k > 1
+    x, w = _inputs(spec, seed=17)
+    runs = [_run(spec, x, w, tiles, sm_count=grid) for grid in (None, None, 3, 1)]
+    assert all(np.array_equal(run, runs[0]) for run in runs[1:])
+    _assert_within_bound(spec, runs[0], x, w)
 
 
 def test_tf32_operands_are_truncated_as_the_plan_says():

@@ -81,12 +81,14 @@ def test_a_compiled_model_that_needs_gradients_is_refused(backend):
         torch.compile(model, fullgraph=True, backend=backend)(x)
 
 
-def test_deterministic_algorithms_leave_split_k_out(cache_dir):
-    """A batch-1 512-channel TF32 layer splits K 16 ways on the H100 (atomic adds, varying order);
-    under torch.use_deterministic_algorithms the same call builds the unsplit kernel."""
-    model = convgen_torch.Conv2d(512, 512, 3, padding=1).to(memory_format=torch.channels_last)
+@pytest.mark.parametrize("math, splits", [("fma", [16, 1]), ("tf32", [16, 16])])
+def test_deterministic_algorithms_leave_out_atomic_split_k_alone(math, splits, cache_dir):
+    """A batch-1 512-channel layer splits K 16 ways on the H100. The FP32 FMA kernel adds its ranges
+    with atomic adds in a varying order, so under torch.use_deterministic_algorithms the same call
+    builds it unsplit; the WGMMA kernel (TF32) adds them in a fixed order and keeps its split."""
+    model = convgen_torch.Conv2d(512, 512, 3, padding=1, math=math).to(memory_format=torch.channels_last)
     x = torch.empty(1, 512, 7, 7).contiguous(memory_format=torch.channels_last)
-    splits = []
+    chosen = []
     for deterministic in (False, True):
         torch.use_deterministic_algorithms(deterministic)
         try:
@@ -94,8 +96,8 @@ def test_deterministic_algorithms_leave_split_k_out(cache_dir):
                 model(x)
         finally:
             torch.use_deterministic_algorithms(False)
-        splits.append(built[0][1].plan.tiles.split_k)
-    assert splits == [16, 1]
+        chosen.append(built[0][1].plan.tiles.split_k)
+    assert chosen == splits
 
 
 def test_swap_keeps_parameters_and_names_what_it_leaves():

@@ -137,24 +137,31 @@ def test_completed_tiles_refit_stages_and_split_k_that_were_not_asked_for():
     assert FAMILY.complete_tiles(b1, {"wgmma": True, "split_k": 3}, H100).split_k == 3
 
 
+@pytest.mark.parametrize("name", ["2d-nhwc-tf32-odd", "2d-nhwc-odd"])
 @pytest.mark.parametrize("pingpong", [False, True])
-def test_split_k_compiles_without_warnings_or_spills_and_adds_into_the_zeroed_output(pingpong, cache_dir):
-    spec = SPECS["2d-nhwc-tf32-odd"]
+def test_split_k_stores_partial_tiles_that_a_second_kernel_adds_in_range_order(name, pingpong, cache_dir):
+    """Each range's FP32 partial tile goes to the workspace; the reduction adds the ranges in split
+    order (the same bits every run) and rounds once (16-bit): no atomic adds, no zeroed output."""
+    spec = SPECS[name]
     tiles = _tiles(spec, 64, 64, 64, 4, pingpong=pingpong, split_k=3)
     plan = FAMILY.plan(spec, tiles, H100)
     _compiles_clean(spec, tiles)
     code = render_kernels(plan).code
-    assert plan.zero_output and "atomicAdd(out + j * 8, acc" in code and "kt_begin = (unit % 3) * 2" in code
     context = plan.context
+    gemm, reduction = plan.launches
+    assert "atomicAdd" not in code and not plan.zero_output and "kt_begin = (unit % 3) * 2" in code
     assert (context.splits, context.k_per_split, context.units_total) == (3, 2, 3 * context.tiles_total)
-    assert plan.launches[0].grid[0] == min(3 * context.tiles_total, H100.sm_count)
-    assert not FAMILY.plan(spec, _tiles(spec, 64, 64, 64, 4), H100).zero_output
+    assert gemm.grid[0] == min(3 * context.tiles_total, H100.sm_count) and gemm.args == ("x", "w", "partials")
+    assert reduction.kernel == gemm.kernel + "_reduce" and reduction.args == ("partials", "y")
+    outputs = context.GEMM_M * context.GEMM_N
+    assert plan.workspaces[0].shape == (3, context.GEMM_M, context.GEMM_N) and plan.workspace_bytes == 3 * 4 * outputs
+    assert reduction.grid[0] * reduction.block[0] * context.reduce_width >= outputs
+    assert "for (int split = 1; split < 3; ++split)" in code
+    unsplit = FAMILY.plan(spec, _tiles(spec, 64, 64, 64, 4), H100)
+    assert len(unsplit.launches) == 1 and not unsplit.workspaces
 
 
-def test_split_k_is_refused_for_16_bit_outputs_and_off_wgmma():
-    with pytest.raises(SpecError) as error:
-        FAMILY.plan(SPECS["2d-nhwc-odd"], _tiles(SPECS["2d-nhwc-odd"], 64, 64, 64, 4, split_k=2), H100)
-    assert error.value.field == "tiles.split_k" and "round every partial sum" in error.value.allowed
+def test_split_k_is_refused_past_the_k_slices_and_off_wgmma():
     with pytest.raises(SpecError) as error:
         MmaTiles(split_k=2)
     assert error.value.field == "tiles.split_k"
@@ -163,13 +170,13 @@ def test_split_k_is_refused_for_16_bit_outputs_and_off_wgmma():
     assert error.value.field == "tiles.split_k" and "6 k-slices" in error.value.allowed
 
 
-def test_heuristic_splits_k_for_tf32_where_tiles_are_fewer_than_sms():
-    """A batch-1 512-channel 3x3 layer has 4 output tiles and 144 k-slices: split 16 ways in TF32;
-    BF16 (16-bit output) and a layer with tiles for every SM never split."""
+def test_heuristic_splits_k_where_tiles_are_fewer_than_sms():
+    """A batch-1 512-channel 3x3 layer has 4 output tiles and 144 k-slices (TF32) or 72 (BF16):
+    split 16 ways in both; a layer with tiles for every SM never splits."""
     b1 = ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3, padding=1,
                   dtype="float32", math="tf32")
     assert FAMILY.heuristic_tiles(b1, H100).split_k == 16
-    assert FAMILY.heuristic_tiles(replace(b1, dtype="bfloat16", math="fma"), H100).split_k == 1
+    assert FAMILY.heuristic_tiles(replace(b1, dtype="bfloat16", math="fma"), H100).split_k == 16
     conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3,
                      dtype="float32", math="tf32")
     assert FAMILY.heuristic_tiles(conv8, H100).split_k == 1
@@ -178,7 +185,9 @@ def test_heuristic_splits_k_for_tf32_where_tiles_are_fewer_than_sms():
     assert wgmma_gemm._split_k(70, 144, 132) == wgmma_gemm._split_k(100, 144, 132) == 1   # slower on the H100
     space = wgmma_gemm.tuning_fields(b1, H100)
     assert {f.get("split_k", 1) for f in space} == set(wgmma_gemm.TUNING_SPLITS)
-    assert not any("split_k" in f for f in wgmma_gemm.tuning_fields(replace(b1, dtype="bfloat16", math="fma"), H100))
+    bf16_space = wgmma_gemm.tuning_fields(replace(b1, dtype="bfloat16", math="fma"), H100)
+    assert {f.get("split_k", 1) for f in bf16_space} == set(wgmma_gemm.TUNING_SPLITS)
+    assert not any("split_k" in f for f in wgmma_gemm.tuning_fields(conv8, H100))
 
 
 def test_sixty_four_bit_indices_compile_without_spills(cache_dir):
@@ -351,13 +360,15 @@ def test_emitted_file_builds_with_plain_nvcc_without_warnings(name, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_emitted_split_k_file_zeroes_its_output_and_builds_with_plain_nvcc(tmp_path):
-    """The launcher clears the output the ranges add into, before the kernel, on the caller's stream."""
-    spec = SPECS["2d-nhwc-tf32-odd"]
+def test_emitted_split_k_file_takes_its_workspace_and_builds_with_plain_nvcc(tmp_path):
+    """The launcher takes the partial tiles' workspace from the caller and runs the GEMM, then the
+    reduction, on the caller's stream; the self-test allocates the workspace."""
+    spec = SPECS["2d-nhwc-odd"]
     tiles = _tiles(spec, 64, 64, 64, 4, pingpong=True, split_k=3).to_dict()
     path = emit("implicit_gemm", spec, tmp_path / "split.cu", tiles)
     text = path.read_text()
-    assert text.index("cudaMemsetAsync(y, 0") < text.index("<<<dim3(") and "atomicAdd" in text
+    assert "float* partials, cudaStream_t stream)" in text and "cudaMemsetAsync" not in text
+    assert text.index("(x, w, partials);") < text.index("_reduce<<<") < text.index("(partials, y);")
     built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
                             "-c", str(path), "-o", str(tmp_path / "split.o")], capture_output=True, text=True)
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr

@@ -113,11 +113,12 @@ class MmaTiles(Tiles):
         TileParam("pingpong", "with wgmma: two consumer warpgroups take alternate block_m x block_n tiles whole "
                   "(block_m = warp_m), so that one's epilogue runs under the other's MMAs (CUTLASS's ping-pong "
                   "schedule); off, the consumer warpgroups share each tile", choices=(False, True)),
-        TileParam("split_k", "with wgmma and float32 output (tf32): work units that share one output tile's K "
-                  "range (CUTLASS's split-K), summing their partial tiles into the zeroed output with atomic adds "
-                  "(so the sums' order, and their last bits, vary from run to run): more work where the output has "
-                  "few tiles and K is long; ranges are whole k-slices, none empty, so a split past what the slices "
-                  "allow evenly gives fewer units (16 on 18 slices: 9 ranges of 2)", minimum=1, maximum=16),
+        TileParam("split_k", "with wgmma: work units that share one output tile's K range (CUTLASS's parallel "
+                  "split-K), each storing its FP32 partial tile into a workspace (splits x M x N float32) that a "
+                  "second kernel adds up in range order, the same bits every run, and rounds once: more work where "
+                  "the output has few tiles and K is long; ranges are whole k-slices, none empty, so a split past "
+                  "what the slices allow evenly gives fewer units (16 on 18 slices: 9 ranges of 2)",
+                  minimum=1, maximum=16),
     )
     wgmma: bool = False
     pingpong: bool = False

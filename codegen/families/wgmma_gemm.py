@@ -17,8 +17,9 @@ the async proxy, cp.async writes through the generic one), issues m64n{block_n}k
 the next slice's MMAs are issued and this one's retired. The FP32 accumulators are rounded once
 (16-bit outputs), in the epilogue, and stored from registers while the producer already fills the
 next tile's slices; with ``pingpong`` the two consumer warpgroups take alternate tiles whole, and
-with ``split_k`` (float32 outputs) a tile's k-slices are split into work units whose partial tiles
-are added into the zeroed output.
+with ``split_k`` a tile's k-slices are split into work units whose FP32 partial tiles go to a
+workspace that a second kernel adds up in range order (deterministic, rounded once for 16-bit
+outputs: CUTLASS's "parallel" split-K).
 
 TF32 operands reach the tensor cores as the float32 bits ``cp.async`` copied: wgmma reads them from
 shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
@@ -82,6 +83,9 @@ MAX_SPLIT_K = 16
 MIN_SPLIT_SLICES = 4
 SPLIT_SM_SHARE = 4
 """Split-K where the tiles fill at most a quarter of the SMs (``_split_k``)."""
+REDUCE_THREADS = 256
+"""Threads of a block of the split-K reduction, which sums each output's partials in split order."""
+INT_MAX = 2**31 - 1
 ORDER_BARRIER = 2
 """The first of ping-pong's two named barriers (0 is __syncthreads', 1 the producer's)."""
 DEFAULT_STAGES = 4
@@ -152,10 +156,6 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
 
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
-    if tiles.split_k > 1 and spec.dtype is not DType.float32:
-        raise SpecError("tiles.split_k", tiles.split_k, f"must be 1 for {spec.dtype.value}: the partial tiles are "
-                        "summed with atomic adds in the output's type, which would round every partial sum "
-                        "(float32 with math tf32 takes it)")
     k_split(spec, tiles)
     if tiles.block_k != slice_k(spec):
         raise SpecError("tiles.block_k", tiles.block_k, f"must be {slice_k(spec)} with wgmma ({SLICE_BYTES}-byte "
@@ -223,8 +223,8 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     x 512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in
     BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276, 262, 201, 165). Where tiles
     are many, ping-pong ran conv8 7 % faster in BF16 but conv8 in TF32 and c3d_conv2 and c3d_conv3
-    1-21 % slower, so the consumers share tiles there. Float32 (TF32) outputs split K where the
-    tiles are very few (``_split_k``)."""
+    1-21 % slower, so the consumers share tiles there. K is split where the tiles are very few
+    (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -255,7 +255,7 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
 def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> dict[str, Any]:
     """``fields`` with the stages and split_k the heuristic takes for their tile, but those named in
     ``kept``: the schedule's stages (``PINGPONG_STAGES`` or ``DEFAULT_STAGES``) or as many as fit,
-    and for float32 outputs the split of ``_split_k``."""
+    and the split of ``_split_k``."""
     fields = dict(fields)
     if "stages" not in kept:
         fields["stages"] = PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES
@@ -263,22 +263,22 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
             fields["stages"] -= 1
     if "split_k" not in kept:
         fields.pop("split_k", None)
-        if spec.dtype is DType.float32:
-            gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
-            split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
-                             -(-gemm_k // fields["block_k"]), device.sm_count)
-            if split > 1:
-                fields["split_k"] = split
+        gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+        split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
+                         -(-gemm_k // fields["block_k"]), device.sm_count)
+        if split > 1:
+            fields["split_k"] = split
     return fields
 
 
 def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
-    """Split-K for FP32 outputs where the tiles fill at most 1 / ``SPLIT_SM_SHARE`` of the SMs: the
-    most ranges that still take one wave of work units, at most ``MAX_SPLIT_K``, each range at
-    least ``MIN_SPLIT_SLICES`` slices.  H100, TF32 (docs/perf-history.md, TC v3): with 4 and 8
-    tiles splitting ran 1.2-3.8x faster (g_3x3_512_b1 5.5 -> 21.0 TFLOP/s with 16); with 70-100
-    tiles every split was slower, by 6-59 % (conv12: 279 TFLOP/s unsplit, 132 in 5, 115 in 10): each range's
-    atomic adds and the zeroed output cost more than the SMs it adds."""
+    """Split-K where the tiles fill at most 1 / ``SPLIT_SM_SHARE`` of the SMs: the most ranges
+    that still take one wave of work units, at most ``MAX_SPLIT_K``, each range at least
+    ``MIN_SPLIT_SLICES`` slices.  H100 (docs/perf-history.md, TC v4): with 4 and 8 tiles splitting
+    ran up to 2.7x faster (g_3x3_512_b1 BF16 9.9 -> 26.9 TFLOP/s with 16, TF32 5.5 -> 24.1); with
+    69-100 tiles a split leaves the busiest SM two units, and 2-16 ranges ran up to 71 % slower
+    (conv12 BF16: 468 TFLOP/s unsplit, 342 in 2, 143 in 16). With 49-64 tiles 2 ranges ran 8 %
+    slower to 23 % faster (three layers, not enough to fit a rule on)."""
     if SPLIT_SM_SHARE * tiles > sm_count:
         return 1
     return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
@@ -315,8 +315,8 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
     warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
-    ``TUNING_STAGES`` stages, where they fit; for float32, split-K in ``TUNING_SPLITS`` where the
-    tiles are fewer than the SMs."""
+    ``TUNING_STAGES`` stages, where they fit; split-K in ``TUNING_SPLITS`` where the tiles are
+    fewer than the SMs."""
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
@@ -324,7 +324,7 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
         for warp_m in (MMA_ROWS, 2 * MMA_ROWS):
             for count, pingpong in ((1, False), (2, False), (1, True)):
                 few = _tile_count(gemm_m, gemm_n, warp_m * count, block_n) < device.sm_count
-                splits = TUNING_SPLITS if spec.dtype is DType.float32 and few else (1,)
+                splits = TUNING_SPLITS if few else (1,)
                 for stages, split in ((stages, split) for stages in TUNING_STAGES for split in splits):
                     fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec),
                               "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True,
@@ -424,6 +424,11 @@ class WgmmaContext(ConvolutionContext):
     pixel_flag: bool
     """No padded axis to check but a tile past M: the table's first slot says whether the pixel exists."""
     pair_store: bool
+    reduce_threads: int
+    reduce_width: int
+    """Elements a thread of the split-K reduction sums: a channel pair where K is even, else one."""
+    partial_index_type: str
+    """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
 
 
 def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
@@ -439,9 +444,16 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     grid_blocks = min(tiles_total * splits, device.sm_count)
     name = kernel_name(family.name, VARIANT, spec, tiles)
     needed = shared_bytes(spec, tiles)
-    launch = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
+    reduce_width = 2 if pair_store else 1
+    if splits > 1:
+        launches = (Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=("x", "w", "partials"),
+                           persistent=True),
+                    Launch(name + "_reduce", (-(-gemm_m * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
+                           (REDUCE_THREADS, 1, 1), args=("partials", "y")))
+    else:
+        launches = (Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True),)
     m_tail = gemm_m % tiles.block_m != 0
     chunk_elements = CHUNK_BYTES // itemsize
     context = WgmmaContext(
@@ -464,13 +476,16 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         k_per_split=k_per_split, units_total=tiles_total * splits, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
-        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store,
+        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, reduce_threads=REDUCE_THREADS,
+        reduce_width=reduce_width,
+        partial_index_type="long long" if splits * gemm_m * gemm_n > INT_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
-               Buffer("y", alg.output_shape, "out", itemsize * (2 if pair_store else 1), spec.dtype))
-    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, (launch,), context, zero_output=splits > 1,
-                      min_arch=ARCH, arch_specific=True, tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
+               Buffer("y", alg.output_shape, "out", itemsize * reduce_width, spec.dtype))
+    if splits > 1:
+        buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace", 4 * reduce_width),)
+    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True, tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
                       "mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
 
