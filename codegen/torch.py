@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ from codegen.api import Kernel, build, plan
 from codegen.spec import ConvSpec, SpecError, output_extents
 from codegen.tiles import Tiles
 
-__all__ = ["conv", "Conv2d", "Conv3d", "swap_convolutions", "SwapReport", "clear_kernels", "check_only"]
+__all__ = ["conv", "Conv2d", "Conv3d", "swap_convolutions", "SwapReport", "clear_kernels", "check_only", "op_config"]
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -97,7 +98,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return functional(x, weight, bias, *geometry, groups)
     if torch.compiler.is_compiling():
         _refuse_grad(x, weight)     # the compiled forward calls the op with grad off, past _run's own refusal
-        y = torch.ops.convgen.conv(x, weight, *geometry, groups, _math_mode(math, x), family, _tiles_key(tiles))
+        y = torch.ops.convgen.conv(x, weight, op_config(geometry, groups, _math_mode(math, x), family, tiles))
     else:
         y = _run(x, weight, geometry, groups, _math_mode(math, x), family, tiles)
     if bias is not None:
@@ -282,23 +283,52 @@ _LIBRARY = torch.library.Library("convgen", "DEF")
 ``torch.library.custom_op``: the dispatcher then calls the implementation directly, where
 custom_op's wrapper (autograd redispatch, the aliasing check of every output) cost 4 times the host
 time a call (4.5 against 20 us a call on the CPU machine, docs/perf-history.md, Torch v3)."""
-_LIBRARY.define("conv(Tensor x, Tensor weight, int[] stride, int[] padding, int[] dilation, int groups, str math, "
-                "str family, str tiles) -> Tensor")
+_LIBRARY.define("conv(Tensor x, Tensor weight, str config) -> Tensor")
+"""Everything but the tensors travels as one string (``op_config``): the dispatcher converts each
+argument of a Python op for the call, and one string cost 1.8 us a call against 4.1 for the seven
+of stride, padding, dilation, groups, math, family and tiles (a stub op on the CPU machine,
+docs/perf-history.md, Torch v4). A string, unlike a registry index, stays valid in another
+process (an exported or cached graph)."""
+OP_CONFIG_FIELDS = ("stride", "padding", "dilation", "groups", "math", "family", "tiles")
 
 
-def _conv_op(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
-             dilation: Sequence[int], groups: int, math: str, family: str, tiles: str) -> torch.Tensor:
+def op_config(geometry: tuple, groups: int, math_mode: str, family: str, tiles) -> str:
+    """The custom op's ``config``: ``stride=2,2;padding=1,1;dilation=1,1;groups=1;math=tf32;
+    family=implicit_gemm;tiles=`` (tiles as ``name=value`` pairs joined by commas, empty for the
+    tuned record or the heuristic)."""
+    stride, padding, dilation = (",".join(map(str, axis)) for axis in geometry)
+    return (f"stride={stride};padding={padding};dilation={dilation};groups={groups};math={math_mode};"
+            f"family={family};tiles={_tiles_key(tiles)}")
+
+
+@functools.lru_cache(maxsize=MAX_KERNELS)
+def _parse_op_config(config: str) -> tuple[tuple, int, str, str, str]:
+    """(geometry, groups, math, family, tiles key) of an ``op_config`` string, parsed once per string."""
+    try:
+        fields = dict(item.split("=", 1) for item in config.split(";"))
+        if tuple(fields) != OP_CONFIG_FIELDS:
+            raise ValueError
+        geometry = tuple(tuple(int(v) for v in fields[name].split(",")) for name in OP_CONFIG_FIELDS[:3])
+        return geometry, int(fields["groups"]), fields["math"], fields["family"], fields["tiles"]
+    except ValueError:
+        raise SpecError("config", config, "must be as codegen.torch.op_config writes it: "
+                        f"{op_config(((1, 1), (0, 0), (1, 1)), 1, 'fma', 'implicit_gemm', None)}") from None
+
+
+def _conv_op(x: torch.Tensor, weight: torch.Tensor, config: str) -> torch.Tensor:
     """The convolution as one op for torch.compile: the eager path on real tensors (every backend,
     so that a CPU tensor gets ``_run``'s refusal rather than the dispatcher's)."""
-    return _run(x, weight, (tuple(stride), tuple(padding), tuple(dilation)), groups, math, family, tiles or None)
+    geometry, groups, math_mode, family, tiles = _parse_op_config(config)
+    return _run(x, weight, geometry, groups, math_mode, family, tiles or None)
 
 
 _LIBRARY.impl("conv", _conv_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("convgen::conv", lib=_LIBRARY)
-def _conv_fake(x, weight, stride, padding, dilation, groups, math, family, tiles):
+def _conv_fake(x, weight, config):
     """The output's shape and memory format, as ``_run`` makes them, from shapes alone."""
+    (stride, padding, dilation), *_ = _parse_op_config(config)
     sizes = output_extents(tuple(x.shape[2:]), tuple(weight.shape[2:]), stride, padding, dilation)
     memory_format = CHANNELS_LAST[x.dim()] if _is_channels_last(x) else torch.contiguous_format
     return torch.empty((x.shape[0], weight.shape[0], *sizes), dtype=x.dtype, device=x.device,

@@ -37,11 +37,28 @@ def test_fake_conv_gives_the_shape_and_memory_format_of_the_real_one(dims, chann
     fmt = {2: torch.channels_last, 3: torch.channels_last_3d}[dims]
     if channels_last:
         x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
-    y = torch.ops.convgen.conv(x, w, [2] * dims, [1] * dims, [1] * dims, 1, "fma", "implicit_gemm", "")
+    config = convgen_torch.op_config(((2,) * dims, (1,) * dims, (1,) * dims), 1, "fma", "implicit_gemm", None)
+    y = torch.ops.convgen.conv(x, w, config)
     expected = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
     reference = expected(x, w, stride=2, padding=1)
     assert y.shape == reference.shape
     assert y.is_contiguous(memory_format=fmt) if channels_last else y.is_contiguous()
+
+
+def test_op_config_round_trips_and_a_malformed_one_is_refused_by_name():
+    geometry = ((2, 1, 1), (0, 1, 2), (1, 1, 3))
+    tiles = {"wgmma": True, "block_n": 128, "split_k": 4}
+    config = convgen_torch.op_config(geometry, 1, "tf32", "implicit_gemm", tiles)
+    assert config == ("stride=2,1,1;padding=0,1,2;dilation=1,1,3;groups=1;math=tf32;family=implicit_gemm;"
+                      "tiles=block_n=128,split_k=4,wgmma=True")
+    assert convgen_torch._parse_op_config(config) == (geometry, 1, "tf32", "implicit_gemm",
+                                                      "block_n=128,split_k=4,wgmma=True")
+    assert convgen_torch._tiles_from_key(convgen_torch._parse_op_config(config)[4]) == tiles
+    x, w = torch.empty(1, 4, 8, 8, device="meta"), torch.empty(4, 4, 3, 3, device="meta")
+    for malformed in ("stride=1,1", config.replace("groups=1", "groups=one"), config.replace(";math", ";mode")):
+        with pytest.raises(SpecError) as error:
+            torch.ops.convgen.conv(x, w, malformed)
+        assert error.value.field == "config" and "stride=1,1;padding=0,0" in error.value.allowed
 
 
 def _example_network():

@@ -68,6 +68,7 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
     order = (0, 2, 3, 1) if channels_last else (0, 1, 2, 3)
     xk, wk = x.permute(*order), w.permute(*order)
     out = kernel(xk, wk)
+    op_config = convgen_torch.op_config(((1, 1), (1, 1), (1, 1)), 1, "fma", "implicit_gemm", None)
     y = F.conv2d(x, w, padding=1)
     assert (convgen_torch.conv(x, w, padding=1).double() - y.double()).norm() <= 1e-4 * y.double().norm()
     runs = {
@@ -75,8 +76,7 @@ def measure(channels_last: bool, dtype: str = "float32") -> dict[str, float]:
         "Kernel(x, w)": lambda: kernel(xk, wk),
         "Kernel(x, w, out=y)": lambda: kernel(xk, wk, out=out),
         "codegen.torch.conv": lambda: convgen_torch.conv(x, w, padding=1, math="fma"),
-        "torch.ops.convgen.conv": lambda: torch.ops.convgen.conv(x, w, [1, 1], [1, 1], [1, 1], 1, "fma",
-                                                                 "implicit_gemm", ""),
+        "torch.ops.convgen.conv": lambda: torch.ops.convgen.conv(x, w, op_config),
     }
     pointers = [xk.data_ptr(), wk.data_ptr(), out.data_ptr()]
     stream = torch._C._cuda_getCurrentRawStream(0)
