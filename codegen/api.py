@@ -11,6 +11,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,10 +90,16 @@ def check_workspace_limit(limit) -> None:
 
 
 def _difference(tiles: Tiles, other: Tiles) -> str:
-    """The fields of ``other`` that differ from ``tiles``, as NAME=VALUE."""
-    ours = tiles.to_dict()
-    changed = [f"{k}={v}" for k, v in other.to_dict().items() if ours.get(k) != v]
+    """The fields of ``other`` that differ from ``tiles``, as NAME=VALUE: every field, including
+    those ``to_dict`` leaves out at their defaults (wgmma=False, split_k=1), so that the
+    suggestion applied on top of ``tiles`` gives ``other``."""
+    ours, theirs = (dict(_all_fields(t)) for t in (tiles, other))
+    changed = [f"{k}={v}" for k, v in theirs.items() if ours.get(k) != v]
     return " ".join(changed) or other.describe()
+
+
+def _all_fields(tiles: Tiles) -> list[tuple[str, Any]]:
+    return [(item.name, getattr(tiles, item.name)) for item in dataclasses.fields(tiles)]
 
 
 MAX_ACCEPTED_SIGNATURES = 64
@@ -214,9 +221,15 @@ class Kernel:
     def launch(self, arrays: list, result, stream=None) -> None:
         """Launch on already-checked CuPy arrays (the benchmark's hot path) on ``stream`` (default
         CuPy's current one), on the arrays' device; workspaces come from CuPy's pool there, so
-        repeated calls reuse its memory."""
+        repeated calls reuse its memory.  A ``stream`` given is made current while a plan with
+        workspaces runs: CuPy's pool hands memory back to the stream it was taken on, and a
+        workspace taken on another stream could be reused there while these launches still read it."""
         import cupy
 
+        if stream is not None and self.plan.workspaces:
+            with stream:
+                self.launch(arrays, result)
+            return
         stream = stream or cupy.cuda.get_current_stream()
         pointers = [*(a.data.ptr for a in arrays), result.data.ptr]
         device_id = result.device.id

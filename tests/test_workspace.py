@@ -72,6 +72,32 @@ def test_implicit_gemm_leaves_the_tma_kernels_transposed_filter_out_under_a_limi
         plan("implicit_gemm", spec, {"tma": True}, arch="sm_90", workspace_limit=tma.workspace_bytes - 1)
 
 
+@pytest.mark.parametrize("dtype, math_mode", [("bfloat16", "fma"), ("float32", "tf32")])
+def test_wgmma_split_k_holds_its_partial_tiles_to_the_limit(dtype, math_mode):
+    """A batch-1 layer of 4 tiles splits K 16 ways: 16 ranges of TF32's 144 k-slices, 15 of BF16's
+    72 (ranges of 5), each a 49 x 512 float32 partial tile; under a limit the WGMMA kernel keeps as
+    many ranges as fit (one less: 15 of 10 slices in TF32, 12 of 6 in BF16), none at 0, and the
+    tuner offers no split over it."""
+    from codegen.families import wgmma_gemm
+    from codegen.families.mma_gemm import FAMILY
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3, padding=1,
+                    dtype=dtype, math=math_mode)
+    outputs = 49 * 512
+    free = plan("implicit_gemm", spec, target="h100")
+    ranges, fewer = (16, 15) if dtype == "float32" else (15, 12)
+    assert free.variant == "wgmma" and free.tiles.split_k == 16 and free.context.splits == ranges
+    assert free.workspace_bytes == ranges * 4 * outputs
+    for limit, splits in ((0, 1), (4 * 4 * outputs, 4), (free.workspace_bytes - 1, fewer)):
+        held = plan("implicit_gemm", spec, target="h100", workspace_limit=limit)
+        assert held.variant == "wgmma" and held.context.splits == splits and held.workspace_bytes <= limit
+    with pytest.raises(SpecError) as err:
+        plan("implicit_gemm", spec, {"wgmma": True, "split_k": 8}, target="h100", workspace_limit=0)
+    assert "(partials)" in str(err.value) and "split_k=1" in str(err.value)
+    space = [f for f in FAMILY.tuning_space(spec, workspace_limit=0) if f.get("wgmma")]
+    assert space and all(wgmma_gemm.split_workspace_bytes(spec, f) == 0 for f in space)
+
+
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "64MiB"])
 def test_a_limit_that_is_not_a_byte_count_is_refused(limit):
     with pytest.raises(SpecError, match="workspace_limit.*whole number of bytes"):

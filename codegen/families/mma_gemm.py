@@ -474,16 +474,22 @@ class TensorCoreGemm(Family):
         return MmaTiles.from_dict({**base, **requested})
 
     def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> MmaTiles:
-        """The heuristic's tiles: the kernel needs no workspace."""
+        """The heuristic's tiles with split-K's workspace (the WGMMA kernel's partial tiles) held
+        to ``limit`` bytes: the most ranges that fit, or none; mma.sync needs no workspace."""
+        device = as_device(device)
+        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
+            return MmaTiles(**wgmma_gemm.split_within(spec, wgmma_gemm.heuristic_fields(spec, device), limit))
         return heuristic_tiles(spec, device)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
         """``tuning_space`` for this machine's GPU (else the H100), and on sm_90 the WGMMA kernel's
-        tiles where it covers the spec; no tiles need workspace."""
+        tiles where it covers the spec, those that split K only where their partial tiles fit
+        ``workspace_limit``."""
         device = as_device(present())
         space = tuning_space(spec, device)
         if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
-            space += wgmma_gemm.tuning_fields(spec, device)
+            space += [fields for fields in wgmma_gemm.tuning_fields(spec, device)
+                      if workspace_limit is None or wgmma_gemm.split_workspace_bytes(spec, fields) <= workspace_limit]
         return space
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:

@@ -284,6 +284,26 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
 
 
+def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any]) -> int:
+    """Bytes of the partial tiles split-K stores (splits x M x N float32); 0 unsplit."""
+    splits, _ = k_split(spec, _shape(fields))
+    if splits == 1:
+        return 0
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    return splits * gemm_m * gemm_n * 4
+
+
+def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int) -> dict[str, Any]:
+    """``fields`` with split_k lowered to the most ranges whose partial tiles fit ``limit`` bytes
+    (unsplit where none do), as cuDNN's algorithm choice holds to a workspace limit."""
+    fields = dict(fields)
+    while fields.get("split_k", 1) > 1 and split_workspace_bytes(spec, fields) > limit:
+        fields["split_k"] -= 1
+    if fields.get("split_k", 1) == 1:
+        fields.pop("split_k", None)
+    return fields
+
+
 def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None = None) -> dict[str, Any]:
     """The WGMMA tiles a user asked for, the rest from the heuristic fitted to them: a consumer
     warpgroup spans block_n; with pingpong (the heuristic's unless block_m or warp_m is asked for
@@ -426,7 +446,8 @@ class WgmmaContext(ConvolutionContext):
     pair_store: bool
     reduce_threads: int
     reduce_width: int
-    """Elements a thread of the split-K reduction sums: a channel pair where K is even, else one."""
+    """Elements a thread of the split-K reduction sums: a channel pair where the output channels are
+    even, else one."""
     partial_index_type: str
     """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
 
