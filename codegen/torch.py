@@ -33,6 +33,7 @@ except ImportError as missing:   # PyTorch is optional for the rest of convgen
                       "the build that matches your CUDA); the rest of convgen runs without it") from missing
 
 from codegen.api import Kernel, build, plan
+from codegen.families import get_family
 from codegen.spec import ConvSpec, SpecError, output_extents
 from codegen.tiles import Tiles
 
@@ -170,15 +171,20 @@ def _build_only(x, weight, geometry: tuple, groups: int, math_mode: str, family:
 
 def _deterministic(family: str, spec: ConvSpec, tiles, target=None):
     """``tiles``, or under ``torch.use_deterministic_algorithms`` where none are given and the
-    chosen plan adds split-K's partial tiles with atomic adds into a zeroed output (the FP32
-    kernels), those tiles unsplit: atomic adds sum in an order that varies from run to run, and
+    chosen plan sums with atomic adds (``KernelPlan.atomic_sums``: the FP32 kernels' split-K, the
+    TMA kernel's stream-K tail), tiles that do not: the chosen ones unsplit, or for the TMA kernel
+    the portable kernel's, unsplit. Atomic adds sum in an order that varies from run to run, and
     PyTorch asks every library for run-to-run identical results there (as cuDNN then leaves out its
     nondeterministic algorithms). The WGMMA kernel's split-K adds its ranges in a fixed order."""
     if tiles is not None or not torch.are_deterministic_algorithms_enabled():
         return tiles
     chosen = plan(family, spec, target=target)
-    atomic = chosen.zero_output and getattr(chosen.tiles, "split_k", 1) > 1
-    return {**chosen.tiles.to_dict(), "split_k": 1} if atomic else None
+    if not chosen.atomic_sums:
+        return None
+    fields = chosen.tiles.to_dict()
+    if fields.get("tma"):
+        fields = get_family(family).for_spec(spec).default_tiles(spec, device=target).to_dict()
+    return {**fields, "split_k": 1}
 
 
 def spec_for(x, weight, geometry: tuple, groups: int = 1, math_mode: str = "fma",
@@ -309,6 +315,8 @@ def _parse_op_config(config: str) -> tuple[tuple, int, str, str, str]:
         if tuple(fields) != OP_CONFIG_FIELDS:
             raise ValueError
         geometry = tuple(tuple(int(v) for v in fields[name].split(",")) for name in OP_CONFIG_FIELDS[:3])
+        if len({len(axis) for axis in geometry}) != 1 or len(geometry[0]) not in (2, 3):
+            raise ValueError
         return geometry, int(fields["groups"]), fields["math"], fields["family"], fields["tiles"]
     except ValueError:
         raise SpecError("config", config, "must be as codegen.torch.op_config writes it: "
@@ -329,6 +337,9 @@ _LIBRARY.impl("conv", _conv_op, "CompositeExplicitAutograd")
 def _conv_fake(x, weight, config):
     """The output's shape and memory format, as ``_run`` makes them, from shapes alone."""
     (stride, padding, dilation), *_ = _parse_op_config(config)
+    if len(stride) != x.dim() - 2:
+        raise SpecError("config", config, f"must give stride, padding and dilation for each of the input's "
+                        f"{x.dim() - 2} spatial axes")
     sizes = output_extents(tuple(x.shape[2:]), tuple(weight.shape[2:]), stride, padding, dilation)
     memory_format = CHANNELS_LAST[x.dim()] if _is_channels_last(x) else torch.contiguous_format
     return torch.empty((x.shape[0], weight.shape[0], *sizes), dtype=x.dtype, device=x.device,

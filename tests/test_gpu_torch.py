@@ -94,9 +94,20 @@ def test_the_current_stream_is_honoured():
     assert _relative(y, expected) <= TOLERANCE[torch.float32]
 
 
-def test_a_captured_cuda_graph_replays_the_kernels():
-    x = torch.randn(4, 16, 20, 20, device="cuda").contiguous(memory_format=torch.channels_last)
-    weight = torch.randn(24, 16, 3, 3, device="cuda").contiguous(memory_format=torch.channels_last)
+CAPTURED = {  # (input shape, filters, dtype): the plain path, and split-K's workspace and reduction on sm_90
+    "fp32": ((4, 16, 20, 20), 24, torch.float32),
+    "bf16-split-k": ((1, 512, 7, 7), 512, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", CAPTURED)
+def test_a_captured_cuda_graph_replays_the_kernels(case):
+    """Captured launches replay on new inputs, a split-K plan's workspace (PyTorch's caching
+    allocator, the graph's private pool) and its reduction launch included."""
+    shape, filters, dtype = CAPTURED[case]
+    x = torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(filters, shape[1], 3, 3, device="cuda", dtype=dtype).contiguous(
+        memory_format=torch.channels_last)
     static = x.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -112,7 +123,7 @@ def test_a_captured_cuda_graph_replays_the_kernels():
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert _relative(y, F.conv2d(fresh, weight, padding=1)) <= TOLERANCE[torch.float32]
+        assert _relative(y, F.conv2d(fresh, weight, padding=1)) <= TOLERANCE[dtype]
 
 
 def _example_network():

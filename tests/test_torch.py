@@ -45,6 +45,25 @@ def test_fake_conv_gives_the_shape_and_memory_format_of_the_real_one(dims, chann
     assert y.is_contiguous(memory_format=fmt) if channels_last else y.is_contiguous()
 
 
+def test_deterministic_algorithms_leave_out_the_tma_kernels_stream_k_tail(cache_dir):
+    """A 256-channel 28x28 float32 layer runs the TMA kernel with a stream-K tail on the H100, its
+    shared tiles summed with atomic adds; under torch.use_deterministic_algorithms it builds a
+    kernel without atomic sums (the portable one, unsplit)."""
+    model = convgen_torch.Conv2d(256, 256, 3, padding=1, math="fma").to(memory_format=torch.channels_last)
+    x = torch.empty(32, 256, 28, 28).contiguous(memory_format=torch.channels_last)
+    plans = []
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            with torch.no_grad(), convgen_torch.check_only("h100") as built:
+                model(x)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        plans.append(built[0][1].plan)
+    assert plans[0].variant == "tma" and plans[0].atomic_sums
+    assert plans[1].variant != "tma" and not plans[1].atomic_sums and plans[1].tiles.split_k == 1
+
+
 def test_op_config_round_trips_and_a_malformed_one_is_refused_by_name():
     geometry = ((2, 1, 1), (0, 1, 2), (1, 1, 3))
     tiles = {"wgmma": True, "block_n": 128, "split_k": 4}
@@ -55,10 +74,14 @@ def test_op_config_round_trips_and_a_malformed_one_is_refused_by_name():
                                                       "block_n=128,split_k=4,wgmma=True")
     assert convgen_torch._tiles_from_key(convgen_torch._parse_op_config(config)[4]) == tiles
     x, w = torch.empty(1, 4, 8, 8, device="meta"), torch.empty(4, 4, 3, 3, device="meta")
-    for malformed in ("stride=1,1", config.replace("groups=1", "groups=one"), config.replace(";math", ";mode")):
+    for malformed in ("stride=1,1", config.replace("groups=1", "groups=one"), config.replace(";math", ";mode"),
+                      config.replace("stride=2,1,1", "stride=2,1")):
         with pytest.raises(SpecError) as error:
             torch.ops.convgen.conv(x, w, malformed)
         assert error.value.field == "config" and "stride=1,1;padding=0,0" in error.value.allowed
+    with pytest.raises(SpecError) as error:      # a 3-D config on a 2-D input
+        torch.ops.convgen.conv(x, w, config)
+    assert error.value.field == "config" and "2 spatial axes" in error.value.allowed
 
 
 def _example_network():

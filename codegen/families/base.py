@@ -257,6 +257,10 @@ class KernelPlan:
     launches: tuple[Launch, ...]
     context: TemplateContext = field(compare=False)
     zero_output: bool = False
+    atomic_sums: bool = False
+    """Some outputs are sums of parts that meet in atomic adds (split-K into a zeroed output, a
+    stream-K tile shared between blocks, col2im's scatter): their order, and so the last bits,
+    vary from run to run (what ``torch.use_deterministic_algorithms`` rules out)."""
     constants: tuple[tuple[str, str], ...] = ()
     """(``__constant__`` symbol, buffer name): buffers the launcher copies into constant memory."""
     steps: tuple[Launch | BlasGemm, ...] = ()

@@ -137,7 +137,7 @@ class Col2im(Family):
         buffers = (Buffer("col", alg.col_shape, "in", itemsize, spec.dtype),
                    Buffer("image", alg.image_shape, "out", itemsize, spec.dtype))
         return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context,
-                          zero_output=variant is Col2imVariant.SCATTER)
+                          zero_output=variant is Col2imVariant.SCATTER, atomic_sums=variant is Col2imVariant.SCATTER)
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         (col,) = inputs

@@ -198,7 +198,8 @@ class Im2win(Family):
                    Buffer("win", window_tensor_shape(alg), "workspace", 16 if vector else 4),
                    Buffer("y", whole.output_shape, "out"))
         return KernelPlan(self.name, variant.value, spec, tiles, buffers, (transform, conv), context, chunks=chunks,
-                          zero_output=context.splits > 1, **gemm_tiles.async_copy_arch(tiles))
+                          zero_output=context.splits > 1, atomic_sums=context.splits > 1,
+                          **gemm_tiles.async_copy_arch(tiles))
 
     def reference(self, spec: ConvSpec, *inputs: np.ndarray) -> np.ndarray:
         x, w = inputs

@@ -225,7 +225,7 @@ class ImplicitGemm(Family):
                    Buffer("w", alg.filter_shape, "in", 16 if context.b_vec == 4 else 4),
                    Buffer("y", alg.output_shape, "out"))
         return KernelPlan(self.name, variant.value, spec, tiles, buffers, (launch,), context,
-                          zero_output=context.splits > 1, **async_copy_arch(tiles))
+                          zero_output=context.splits > 1, atomic_sums=context.splits > 1, **async_copy_arch(tiles))
 
     def _tma_plan(self, spec: ConvSpec, tiles: GemmTiles, device: Device) -> KernelPlan:
         """The filter transposed into the workspace, with stream-K the shared tiles zeroed, then
@@ -296,6 +296,7 @@ class ImplicitGemm(Family):
                    Buffer("y", alg.output_shape, "out", 16 if vector_store else 4),
                    Buffer("wt", transposed["shape"], "workspace", 16))
         return KernelPlan(self.name, GemmVariant.TMA.value, spec, tiles, buffers, launches, context, min_arch=90,
+                          atomic_sums=bool(split),
                           min_arch_reason="TMA, mbarriers and warp specialisation; tma=False runs on sm_80",
                           arch_specific=context.register_split is not None, template=self.tma_template)
 
