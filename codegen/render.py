@@ -53,6 +53,7 @@ def _context(plan: KernelPlan) -> dict:
         "chunk_advance": plan.chunk_advance,
         "chunk_images": plan.spec.n // plan.chunks,
         "buffers": plan.buffers,
+        "checked_alignments": [b for b in plan.buffers if b.alignment > b.dtype.itemsize],
         "workspace_bytes": plan.workspace_bytes,
         "workspace_size": format_bytes(plan.workspace_bytes),
         "zero_output": plan.zero_output,

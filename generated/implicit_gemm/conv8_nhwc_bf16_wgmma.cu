@@ -13,7 +13,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv8_nhwc_bf16_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream)
 // takes device pointers to C-contiguous bfloat16 (__nv_bfloat16 of cuda_bf16.h) arrays of the shapes above
-// (x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (y 4-byte, x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: bfloat16 x, w and y; BF16 products on tensor cores (exact in FP32), accumulated in FP32, rounded to bfloat16 once; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 576 products a sum, e_mul = 0, e_acc = 2^-23, P = 1, u_out = 2^-8, eta_out = 2^-134)
@@ -314,6 +314,7 @@ extern "C" cudaError_t convgen_implicit_gemm_conv8_nhwc_bf16_wgmma(const __nv_bf
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 4) return cudaErrorInvalidValue;  // vector accesses: y must be 4-byte aligned
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_2b0b4a22af, cudaFuncAttributeMaxDynamicSharedMemorySize, 201792);
     if (opted != cudaSuccess) return opted;
     convgen_implicit_gemm_wgmma_2b0b4a22af<<<dim3(132, 1, 1), dim3(384, 1, 1), 201792, stream>>>(x, w, y);
