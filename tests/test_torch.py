@@ -49,17 +49,7 @@ def test_deterministic_algorithms_leave_out_the_tma_kernels_stream_k_tail(cache_
     """A 256-channel 28x28 float32 layer runs the TMA kernel with a stream-K tail on the H100, its
     shared tiles summed with atomic adds; under torch.use_deterministic_algorithms it builds a
     kernel without atomic sums (the portable one, unsplit)."""
-    model = convgen_torch.Conv2d(256, 256, 3, padding=1, math="fma").to(memory_format=torch.channels_last)
-    x = torch.empty(32, 256, 28, 28).contiguous(memory_format=torch.channels_last)
-    plans = []
-    for deterministic in (False, True):
-        torch.use_deterministic_algorithms(deterministic)
-        try:
-            with torch.no_grad(), convgen_torch.check_only("h100") as built:
-                model(x)
-        finally:
-            torch.use_deterministic_algorithms(False)
-        plans.append(built[0][1].plan)
+    plans = _plans_without_and_with_determinism(256, 28, 32, "fma")
     assert plans[0].variant == "tma" and plans[0].atomic_sums
     assert plans[1].variant != "tma" and not plans[1].atomic_sums and plans[1].tiles.split_k == 1
 
@@ -126,9 +116,15 @@ def test_deterministic_algorithms_leave_out_atomic_split_k_alone(math, splits, c
     """A batch-1 512-channel layer splits K 16 ways on the H100. The FP32 FMA kernel adds its ranges
     with atomic adds in a varying order, so under torch.use_deterministic_algorithms the same call
     builds it unsplit; the WGMMA kernel (TF32) adds them in a fixed order and keeps its split."""
-    model = convgen_torch.Conv2d(512, 512, 3, padding=1, math=math).to(memory_format=torch.channels_last)
-    x = torch.empty(1, 512, 7, 7).contiguous(memory_format=torch.channels_last)
-    chosen = []
+    assert [p.tiles.split_k for p in _plans_without_and_with_determinism(512, 7, 1, math)] == splits
+
+
+def _plans_without_and_with_determinism(channels: int, size: int, batch: int, math: str) -> list:
+    """The plans a channels-last 3x3 layer builds for the H100, without and then with
+    torch.use_deterministic_algorithms."""
+    model = convgen_torch.Conv2d(channels, channels, 3, padding=1, math=math).to(memory_format=torch.channels_last)
+    x = torch.empty(batch, channels, size, size).contiguous(memory_format=torch.channels_last)
+    plans = []
     for deterministic in (False, True):
         torch.use_deterministic_algorithms(deterministic)
         try:
@@ -136,8 +132,8 @@ def test_deterministic_algorithms_leave_out_atomic_split_k_alone(math, splits, c
                 model(x)
         finally:
             torch.use_deterministic_algorithms(False)
-        chosen.append(built[0][1].plan.tiles.split_k)
-    assert chosen == splits
+        plans.append(built[0][1].plan)
+    return plans
 
 
 def test_swap_keeps_parameters_and_names_what_it_leaves():
