@@ -274,7 +274,7 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
 def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     """Split-K where the tiles fill at most 1 / ``SPLIT_SM_SHARE`` of the SMs: the most ranges
     that still take one wave of work units, at most ``MAX_SPLIT_K``, each range at least
-    ``MIN_SPLIT_SLICES`` slices.  H100 (docs/perf-history.md, TC v4): with 4 and 8 tiles splitting
+    ``MIN_SPLIT_SLICES`` slices.  H100 (docs/perf-history.md, TC v3-v4): with 4 and 8 tiles splitting
     ran up to 2.7x faster (g_3x3_512_b1 BF16 9.9 -> 26.9 TFLOP/s with 16, TF32 5.5 -> 24.1); with
     69-100 tiles a split leaves the busiest SM two units, and 2-16 ranges ran up to 71 % slower
     (conv12 BF16: 468 TFLOP/s unsplit, 342 in 2, 143 in 16). With 49-64 tiles 2 ranges ran 8 %
@@ -506,7 +506,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
                Buffer("y", alg.output_shape, "out", itemsize * reduce_width, spec.dtype))
     if splits > 1:
         buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace", 4 * reduce_width),)
-    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True, tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
+    return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True,
+                      tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
                       "mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
 
