@@ -7,11 +7,11 @@ already checked in full (``Kernel._call_torch``) skip the repeat.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,13 +93,9 @@ def _difference(tiles: Tiles, other: Tiles) -> str:
     """The fields of ``other`` that differ from ``tiles``, as NAME=VALUE: every field, including
     those ``to_dict`` leaves out at their defaults (wgmma=False, split_k=1), so that the
     suggestion applied on top of ``tiles`` gives ``other``."""
-    ours, theirs = (dict(_all_fields(t)) for t in (tiles, other))
-    changed = [f"{k}={v}" for k, v in theirs.items() if ours.get(k) != v]
+    ours = dataclasses.asdict(tiles)
+    changed = [f"{k}={v}" for k, v in dataclasses.asdict(other).items() if ours.get(k) != v]
     return " ".join(changed) or other.describe()
-
-
-def _all_fields(tiles: Tiles) -> list[tuple[str, Any]]:
-    return [(item.name, getattr(tiles, item.name)) for item in dataclasses.fields(tiles)]
 
 
 MAX_ACCEPTED_SIGNATURES = 64

@@ -85,7 +85,6 @@ SPLIT_SM_SHARE = 4
 """Split-K where the tiles fill at most a quarter of the SMs (``_split_k``)."""
 REDUCE_THREADS = 256
 """Threads of a block of the split-K reduction, which sums each output's partials in split order."""
-INT_MAX = 2**31 - 1
 ORDER_BARRIER = 2
 """The first of ping-pong's two named barriers (0 is __syncthreads', 1 the producer's)."""
 DEFAULT_STAGES = 4
@@ -499,7 +498,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
         pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, reduce_threads=REDUCE_THREADS,
         reduce_width=reduce_width,
-        partial_index_type="long long" if splits * gemm_m * gemm_n > INT_MAX else "int",
+        partial_index_type="long long" if splits * gemm_m * gemm_n > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
