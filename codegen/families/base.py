@@ -46,8 +46,8 @@ class Buffer:
 
 @dataclass(frozen=True)
 class TensorMap:
-    """A TMA tensor map of a buffer, passed by value before the buffer arguments: the fp32 tensor
-    of ``dims`` elements (innermost first) with byte ``strides`` for every dimension but the
+    """A TMA tensor map of a buffer, passed by value before the buffer arguments: the tensor of
+    ``dtype`` elements (TMA moves their bits: it only needs their size), ``dims`` of them (innermost first) with byte ``strides`` for every dimension but the
     innermost, read in boxes of ``box`` elements; elements outside the tensor read as zero.  The
     map holds the buffer's address, so the launcher encodes one per buffer address.
 
@@ -64,6 +64,7 @@ class TensorMap:
     swizzle: int = 0
     corners: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     element_strides: tuple[int, ...] = ()
+    dtype: DType = DType.float32
 
     def __post_init__(self) -> None:
         launch_limits.check_tensor_map(self.buffer, self.dims, self.strides)

@@ -366,6 +366,12 @@ def check_tma_spec(spec: ConvSpec) -> None:
     if spec.pitch % 4:
         raise SpecError("dpitch", spec.pitch, "must be a multiple of 4 with tma=True (TMA row strides are multiples of "
                         "16 bytes); pad the channels with dpitch")
+    check_im2col_map(spec)
+
+
+def check_im2col_map(spec: ConvSpec) -> None:
+    """What an im2col map of a channels-last image takes beyond 16-byte pixel strides, each refusal
+    naming the field: traversal strides up to 8 and corners in the range the map's rank encodes."""
     for j, stride in enumerate(spec.stride):
         if stride > TMA_ELEMENT_STRIDE_LIMIT:
             raise SpecError(f"stride[{j}]", stride, f"must be at most {TMA_ELEMENT_STRIDE_LIMIT} with tma=True "

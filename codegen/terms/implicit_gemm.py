@@ -34,7 +34,7 @@ def im2col_map_terms(algebra: IndexAlgebra) -> dict:
         raise ValueError("an im2col map needs a channels-last image")
     inner_first = list(range(spec.dims - 1, -1, -1))
     dims = (spec.c, *(spec.input_size[j] for j in inner_first), spec.n)
-    strides, step = [], 4 * spec.pitch
+    strides, step = [], spec.dtype.itemsize * spec.pitch
     for j in inner_first:
         strides.append(step)
         step *= spec.input_size[j]

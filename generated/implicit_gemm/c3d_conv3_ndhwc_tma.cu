@@ -401,7 +401,7 @@ convgen_implicit_gemm_tma_04a7027955(const __grid_constant__ convgen_tensor_map 
 #include <cstring>
 
 // TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled and cuTensorMapEncodeIm2col, fetched through the
-// runtime (no -lcuda needed); fp32, no interleave, zeros outside the tensor.
+// runtime (no -lcuda needed); no interleave, zeros outside the tensor.
 template <typename Function>
 static cudaError_t convgen_driver_entry(const char* name, Function* function)
 {
@@ -419,9 +419,9 @@ static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap&
     return cudaSuccess;
 }
 
-static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                      const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
-                                      CUtensorMapSwizzle swizzle)
+static cudaError_t convgen_encode_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -430,7 +430,7 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
     const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
     if (found != cudaSuccess) return found;
     CUtensorMap encoded;
-    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, element_strides,
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, box, element_strides,
                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
@@ -439,9 +439,10 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
 
 // An im2col map: `channels` channels of `pixels` pixels per copy, walked with the traversal strides
 // between the lower and upper corners of the spatial axes (innermost first).
-static cudaError_t convgen_encode_im2col_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                             const cuuint64_t* strides, const int* lower, const int* upper, cuuint32_t channels,
-                                             cuuint32_t pixels, const cuuint32_t* element_strides, CUtensorMapSwizzle swizzle)
+static cudaError_t convgen_encode_im2col_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                             const cuuint64_t* dims, const cuuint64_t* strides, const int* lower, const int* upper,
+                                             cuuint32_t channels, cuuint32_t pixels, const cuuint32_t* element_strides,
+                                             CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const int*, const int*, cuuint32_t, cuuint32_t, const cuuint32_t*, CUtensorMapInterleave,
@@ -450,7 +451,7 @@ static cudaError_t convgen_encode_im2col_map(convgen_tensor_map* map, const floa
     const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeIm2col", &encode);
     if (found != cudaSuccess) return found;
     CUtensorMap encoded;
-    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, lower, upper, channels,
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, lower, upper, channels,
                pixels, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
@@ -469,8 +470,9 @@ extern "C" cudaError_t convgen_implicit_gemm_c3d_conv3_ndhwc_tma(const float* x,
         const cuuint32_t element_strides[] = {1, 1, 1, 1, 1};
         const int lower[] = {-1, -1, -1};
         const int upper[] = {-1, -1, -1};
-        const cudaError_t encoded = convgen_encode_im2col_map(&x_map, x, 5, dims, strides, lower,
-                                                              upper, 32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
+        const cudaError_t encoded = convgen_encode_im2col_map(&x_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                                                              x, 5, dims, strides, lower, upper,
+                                                              32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
         if (encoded != cudaSuccess) return encoded;
     }
     convgen_tensor_map wt_map;
@@ -479,8 +481,8 @@ extern "C" cudaError_t convgen_implicit_gemm_c3d_conv3_ndhwc_tma(const float* x,
         const cuuint64_t strides[] = {1024, 131072};
         const cuuint32_t element_strides[] = {1, 1, 1};
         const cuuint32_t box[] = {128, 32, 1};
-        const cudaError_t encoded = convgen_encode_map(&wt_map, wt, 3, dims, strides, box,
-                                                       element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
+        const cudaError_t encoded = convgen_encode_map(&wt_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, wt,
+                                                       3, dims, strides, box, element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_04a7027955, cudaFuncAttributeMaxDynamicSharedMemorySize, 197728);

@@ -291,7 +291,7 @@ convgen_implicit_gemm_tma_5acf8e0335(const __grid_constant__ convgen_tensor_map 
 #include <cstring>
 
 // TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled, fetched through the
-// runtime (no -lcuda needed); fp32, no interleave, zeros outside the tensor.
+// runtime (no -lcuda needed); no interleave, zeros outside the tensor.
 template <typename Function>
 static cudaError_t convgen_driver_entry(const char* name, Function* function)
 {
@@ -309,9 +309,9 @@ static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap&
     return cudaSuccess;
 }
 
-static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base, cuuint32_t rank, const cuuint64_t* dims,
-                                      const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
-                                      CUtensorMapSwizzle swizzle)
+static cudaError_t convgen_encode_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapSwizzle swizzle)
 {
     typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -320,7 +320,7 @@ static cudaError_t convgen_encode_map(convgen_tensor_map* map, const float* base
     const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
     if (found != cudaSuccess) return found;
     CUtensorMap encoded;
-    if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(base), dims, strides, box, element_strides,
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, box, element_strides,
                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
@@ -338,8 +338,8 @@ extern "C" cudaError_t convgen_implicit_gemm_conv8_nchw_tma(const float* x, cons
         const cuuint64_t strides[] = {512, 32768};
         const cuuint32_t element_strides[] = {1, 1, 1};
         const cuuint32_t box[] = {128, 32, 1};
-        const cudaError_t encoded = convgen_encode_map(&wt_map, wt, 3, dims, strides, box,
-                                                       element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
+        const cudaError_t encoded = convgen_encode_map(&wt_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, wt,
+                                                       3, dims, strides, box, element_strides, CU_TENSOR_MAP_SWIZZLE_NONE);
         if (encoded != cudaSuccess) return encoded;
     }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_tma_5acf8e0335, cudaFuncAttributeMaxDynamicSharedMemorySize, 197696);
