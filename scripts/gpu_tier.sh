@@ -66,6 +66,8 @@ implicit_gemm --math 3xtf32
 implicit_gemm --dtype bf16 --layout NHWC --tile wgmma=true --tile pingpong=true
 implicit_gemm --math tf32 --layout NDHWC --tile wgmma=true --tile split_k=3
 implicit_gemm --dtype bf16 --layout NHWC --tile wgmma=true --tile split_k=3
+implicit_gemm --dtype bf16 --layout NHWC --tile wgmma=true --tile cluster_m=2
+implicit_gemm --dtype bf16 --layout NDHWC --tile wgmma=true --c 64
 im2win
 im2col_gemm"
 fuzz_matrix() {  # `convgen fuzz` on every case of FUZZ_CASES, each its own process with its own log

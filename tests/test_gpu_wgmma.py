@@ -79,11 +79,14 @@ def _assert_within_bound(spec: ConvSpec, result: np.ndarray, x: np.ndarray, w: n
 def covered_specs(draw) -> ConvSpec:
     """Channels-last 2D and 3D specs of every geometry and precision with C and the pitch multiples
     of a 16-byte copy's elements and up to 300 output channels (tails along every GEMM axis, several
-    channel tiles of 256)."""
+    channel tiles of 256); a third with C a multiple of the 128-byte slice, whose A comes by TMA."""
     base = draw(specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=300, max_elements=MAX_ELEMENTS, max_filter=5))
     precision_fields = draw(st.sampled_from(PRECISIONS))
     unit = 4 if precision_fields["dtype"] == "float32" else 8
-    c = unit * draw(st.integers(1, 12 if unit == 4 else 6))
+    if draw(st.integers(0, 2)) == 0:
+        c = 8 * unit * draw(st.integers(1, 2))    # a slice is 32 float32 or 64 16-bit channels
+    else:
+        c = unit * draw(st.integers(1, 12 if unit == 4 else 6))
     spec = replace(base, c=c, dpitch=c + unit * draw(st.integers(0, 1)), **precision_fields)
     assume(IndexAlgebra(spec).image_elements <= MAX_ELEMENTS)
     return spec
@@ -92,17 +95,18 @@ def covered_specs(draw) -> ConvSpec:
 @st.composite
 def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
     """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows sharing
-    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, and split-K into
-    up to 7 ranges."""
+    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, split-K into
+    up to 7 ranges, and clusters of 1, 2 or 4 blocks sharing the filter's slices."""
     warp_m = draw(st.sampled_from((64, 128)))
     block_n = draw(st.sampled_from(wgmma_gemm.BLOCK_N_CHOICES))
     pingpong = draw(st.booleans())
     split_k = draw(st.sampled_from((1, 2, 3, 7)))
+    cluster_m = draw(st.sampled_from(wgmma_gemm.CLUSTER_CHOICES))
     try:
         tiles = MmaTiles(block_m=warp_m * (1 if pingpong else draw(st.sampled_from((1, 2)))), block_n=block_n,
                          block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m, warp_n=block_n,
                          stages=draw(st.sampled_from((2, 3, 4, 5, 6))), wgmma=True, pingpong=pingpong,
-                         split_k=split_k)
+                         split_k=split_k, cluster_m=cluster_m)
         check_tiles(spec, tiles, present())
     except SpecError:
         assume(False)
@@ -126,7 +130,7 @@ def test_any_tiles_within_the_error_bound(data, seed):
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
 
-ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k]]) or None for the heuristic)
+ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k[, cluster_m]]]) or None for the heuristic)
     "m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                              filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                              dtype="bfloat16"), (128, 64, 64, 3)),
@@ -168,6 +172,20 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                               (256, 128, 128, 4)),
     "tf32-odd-k": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=37, input_size=(13, 11), filter_size=(3, 5),
                             padding=(1, 2), dtype="float32", math="tf32"), None),
+    # clusters sharing B: 3 M tiles in clusters of 2 (the last cluster's second tile wholly past M), 3 channel tiles
+    "cluster-2-tile-past-m-n-k-tails": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
+                                                 filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
+                                                 dtype="bfloat16"), (128, 32, 64, 3, False, 1, 2)),
+    "cluster-4-pingpong-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
+                                         filter_size=3, padding=1, dilation=(1, 2), dpitch=24,
+                                         dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 4)),
+    "cluster-2-split-k-fp16": (ConvSpec(dims=3, layout="NDHWC", n=1, c=48, k=37, input_size=(4, 6, 5),
+                                        filter_size=3, padding=(0, 1, 1), dtype="float16"),
+                               (64, 64, 64, 3, False, 3, 2)),
+    "cluster-4-eight-row-boxes": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64), filter_size=3,
+                                           dtype="bfloat16"), (64, 32, 64, 2, False, 1, 4)),
+    "cluster-2-pingpong-many-units": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64),
+                                               filter_size=3, padding=1, dtype="bfloat16"), (64, 32, 64, 3, True, 1, 2)),
 }
 
 
@@ -175,7 +193,7 @@ def _odd_tiles(spec: ConvSpec, shape: tuple) -> MmaTiles:
     """An ODD_CASES tile tuple as WGMMA tiles."""
     return MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
-                    split_k=shape[5] if len(shape) > 5 else 1)
+                    split_k=shape[5] if len(shape) > 5 else 1, cluster_m=shape[6] if len(shape) > 6 else 1)
 
 
 @pytest.mark.parametrize("name", ODD_CASES)
@@ -191,6 +209,8 @@ SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several wor
     "split-k-bf16-uneven-ranges-pingpong": 3,        # 10 units (2 tiles x ranges of 6, 6, 6, 6, 5 slices): 4, 3, 3
     "pingpong-two-tiles-per-block-tf32": 5,          # 256 tiles: 52 or 51 a block, even and odd
     "many-tiles-per-block": 7,                       # 723 tiles, one consumer warpgroup: 103 or 104 a block
+    "cluster-2-pingpong-many-units": 5,              # 2 clusters of 2 blocks: 384 units of 2 M tiles, 192 a cluster
+    "cluster-4-eight-row-boxes": 9,                  # 2 clusters of 4 blocks: 183 units of 4 M tiles (3 past M in the last)
 }
 
 

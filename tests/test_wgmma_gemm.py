@@ -15,7 +15,7 @@ from codegen.families import wgmma_gemm
 from codegen.families.mma_gemm import FAMILY, MmaTiles, check_tiles
 from codegen.fuzz import GEMM_RANGES, specs
 from codegen.render import render_kernels
-from codegen.spec import ConvSpec, Layout, SpecError, replace
+from codegen.spec import ConvSpec, DType, Layout, SpecError, replace
 
 H100 = TARGETS["h100"]
 SPECS = {  # tails along M, N and K; padding, stride, dilation; a pitch past C; 3D; an odd K (single stores)
@@ -31,6 +31,10 @@ SPECS = {  # tails along M, N and K; padding, stride, dilation; a pitch past C; 
                                  padding=1, dilation=(1, 2), dpitch=24, dtype="float32", math="tf32"),
     "3d-ndhwc-tf32": ConvSpec(dims=3, layout="NDHWC", n=1, c=12, k=40, input_size=(5, 9, 11), filter_size=3,
                               stride=(1, 2, 1), padding=1, dtype="float32", math="tf32"),
+    "3d-ndhwc-tma-a": ConvSpec(dims=3, layout="NDHWC", n=2, c=128, k=40, input_size=(5, 9, 11), filter_size=3,
+                               stride=(1, 2, 1), padding=1, dpitch=136, dtype="bfloat16"),
+    "2d-nhwc-tf32-tma-a": ConvSpec(dims=2, layout="NHWC", n=3, c=32, k=75, input_size=(17, 23), filter_size=3,
+                                   stride=2, padding=1, dilation=(1, 2), dpitch=36, dtype="float32", math="tf32"),
 }
 SHAPES = [  # (block_m, block_n, warp_m, stages): each block_n, one and two consumer warpgroups of 64 and 128 rows
     (64, 32, 64, 2), (128, 32, 64, 3), (128, 64, 128, 4), (256, 128, 128, 4), (128, 256, 64, 4), (256, 64, 128, 5),
@@ -151,7 +155,8 @@ def test_split_k_stores_partial_tiles_that_a_second_kernel_adds_in_range_order(n
     gemm, reduction = plan.launches
     assert "atomicAdd" not in code and not plan.zero_output and "kt_begin = (unit % 3) * 2" in code
     assert (context.splits, context.k_per_split, context.units_total) == (3, 2, 3 * context.tiles_total)
-    assert gemm.grid[0] == min(3 * context.tiles_total, H100.sm_count) and gemm.args == ("x", "w", "partials")
+    assert gemm.grid[0] == min(3 * context.tiles_total, H100.sm_count) and gemm.args == ("x", "partials")
+    assert [m.buffer for m in gemm.tensor_maps] == ["w"]
     assert reduction.kernel == gemm.kernel + "_reduce" and reduction.args == ("partials", "y")
     outputs = context.GEMM_M * context.GEMM_N
     assert plan.workspaces[0].shape == (3, context.GEMM_M, context.GEMM_N) and plan.workspace_bytes == 3 * 4 * outputs
@@ -206,9 +211,76 @@ def test_source_issues_warpgroup_mmas_from_swizzled_descriptors():
     code = render_kernels(plan).code
     assert "implicit_gemm / wgmma" in code and "spec:  2D NHWC n=2 c=64 k=128" in code and tiles.describe() in code
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in code and "(1ull << 62)" in code
-    assert "fence.proxy.async.shared::cta" in code and "cp.async.mbarrier.arrive.noinc" in code
     assert plan.arch_specific and plan.min_arch == 90 and plan.launches[0].persistent
     assert plan.launches[0].grid[0] == min(plan.context.tiles_total, H100.sm_count)
+
+
+def test_a_comes_by_im2col_tma_where_each_slice_is_one_tap_and_by_cp_async_elsewhere():
+    """C a multiple of the slice (64 16-bit channels): one im2col copy of A a slice, no pixel table, no
+    proxy fence, x passed as a map of 16-bit elements; C 40: the producer's cp.async copies, ordered
+    before the MMAs by the fence. Both take B by a tiled TMA copy in the MMAs' swizzle."""
+    spec = SPECS["2d-nhwc-conv8"]
+    plan = FAMILY.plan(spec, _tiles(spec, 256, 128, 128, 4), H100)
+    code = render_kernels(plan).code
+    w_map, x_map = plan.launches[0].tensor_maps
+    assert plan.context.a_tma and plan.launches[0].args == ("y",)
+    assert (w_map.buffer, w_map.dims, w_map.box, w_map.swizzle, w_map.dtype) == ("w", (576, 128), (64, 128), 128,
+                                                                                    DType.float16)
+    assert (x_map.buffer, x_map.box, x_map.swizzle, x_map.dtype, x_map.strides[0]) == ("x", (64, 256), 128,
+                                                                                          DType.float16, 2 * 64)
+    assert "convgen_im2col_copy(" in code and "convgen_tensor_copy(" in code
+    assert "fence.proxy.async" not in code and "pixel_table" not in code and "cp.async.ca" not in code
+    assert plan.context.shared_bytes == 1024 + 4 * (256 + 128) * 128 + 16 * 4
+    odd = SPECS["2d-nhwc-odd"]
+    plan = FAMILY.plan(odd, _tiles(odd, 128, 64, 64, 3), H100)
+    code = render_kernels(plan).code
+    assert not plan.context.a_tma and plan.launches[0].args == ("x", "y")
+    assert [m.buffer for m in plan.launches[0].tensor_maps] == ["w"]
+    assert "fence.proxy.async.shared::cta" in code and "cp.async.mbarrier.arrive.noinc" in code
+    assert "convgen_im2col_copy" not in code and "convgen_tensor_copy(" in code
+
+
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_clusters_multicast_b_and_take_neighbouring_m_tiles(cluster):
+    """Blocks of a cluster take neighbouring M tiles of one unit and each multicasts 1 / cluster of
+    B's rows to all; the grid is whole clusters, stage releases go to every block's empty barrier,
+    and a cluster's tiles past M (3 M tiles in clusters of 2 or 4) read zeros and store nothing."""
+    spec = SPECS["2d-nhwc-odd"]          # M 324: 3 tiles of 128 rows; N 75: 3 tiles of 32 channels
+    tiles = MmaTiles(block_m=128, block_n=32, block_k=64, warp_m=64, warp_n=32, stages=3, wgmma=True,
+                     cluster_m=cluster)
+    plan = FAMILY.plan(spec, tiles, H100)
+    context, code = plan.context, render_kernels(plan).code
+    assert (context.m_tiles, context.n_tiles, context.units_total) == (3, 3, -(-3 // cluster) * 3)
+    assert context.m_tail and context.b_box_rows == 32 // cluster
+    assert plan.launches[0].grid[0] == context.units_total * cluster
+    assert plan.launches[0].tensor_maps[0].box == (64, 32 // cluster)
+    assert f"__cluster_dims__({cluster}, 1, 1)" in code and ".multicast::cluster" in code
+    assert f"(unsigned short){2 ** cluster - 1}" in code and f"if (lane < {cluster}) convgen_barrier_arrive_remote" in code
+    assert "convgen_cluster_sync();" in code and f"* {cluster} + rank) * 128" in code
+    assert f"convgen_barrier_init(empty + 8u * s, {2 * 4 * cluster});" in code
+    _compiles_clean(spec, tiles)
+    big = replace(spec, n=128)           # a persistent grid of whole clusters, one per `cluster` SMs
+    assert FAMILY.plan(big, tiles, H100).launches[0].grid[0] == H100.sm_count // cluster * cluster
+
+
+def test_cluster_needs_wgmma_and_a_listed_size():
+    with pytest.raises(SpecError, match="tiles.cluster_m"):
+        MmaTiles(cluster_m=2)
+    with pytest.raises(SpecError, match="tiles.cluster_m"):
+        MmaTiles(block_m=128, block_n=64, block_k=64, warp_m=64, warp_n=64, stages=3, wgmma=True, cluster_m=3)
+    assert "cluster_m" not in FAMILY.heuristic_tiles(SPECS["2d-nhwc-conv8"], H100).to_dict()
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4])
+@pytest.mark.parametrize("name", ["2d-nhwc-conv8", "3d-ndhwc-tma-a", "2d-nhwc-tf32-tma-a"])
+@pytest.mark.parametrize("shape", [(256, 64, 128, 4), (64, 256, 64, 5, True), (128, 128, 128, 5, True),
+                                   (128, 32, 64, 2)], ids=["256x64", "pingpong-64x256", "pingpong-128x128", "128x32"])
+def test_tma_a_and_cluster_kernels_compile_without_warnings_or_spills(shape, name, cluster, cache_dir):
+    spec = SPECS[name]
+    tiles = MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
+                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=len(shape) > 4, cluster_m=cluster)
+    assert wgmma_gemm.a_by_tma(spec)
+    _compiles_clean(spec, tiles)
 
 
 def test_tf32_source_reads_float32_bits_with_k8_mmas_and_stores_floats():
@@ -368,7 +440,7 @@ def test_emitted_split_k_file_takes_its_workspace_and_builds_with_plain_nvcc(tmp
     path = emit("implicit_gemm", spec, tmp_path / "split.cu", tiles)
     text = path.read_text()
     assert "float* partials, cudaStream_t stream)" in text and "cudaMemsetAsync" not in text
-    assert text.index("(x, w, partials);") < text.index("_reduce<<<") < text.index("(partials, y);")
+    assert text.index("(w_map, x, partials);") < text.index("_reduce<<<") < text.index("(partials, y);")
     built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
                             "-c", str(path), "-o", str(tmp_path / "split.o")], capture_output=True, text=True)
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr

@@ -119,10 +119,14 @@ class MmaTiles(Tiles):
                   "the output has few tiles and K is long; ranges are whole k-slices, none empty, so a split past "
                   "what the slices allow evenly gives fewer units (16 on 18 slices: 9 ranges of 2)",
                   minimum=1, maximum=16),
+        TileParam("cluster_m", "with wgmma: CTAs of a thread-block cluster on neighbouring M tiles that share each "
+                  "filter slice, one TMA copy of it multicast into all of them (CUTLASS's and cuDNN's cluster "
+                  "multicast): the filter is read from L2 once per cluster rather than once per tile", choices=(1, 2, 4)),
     )
     wgmma: bool = False
     pingpong: bool = False
     split_k: int = 1
+    cluster_m: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,16 +136,20 @@ class MmaTiles(Tiles):
         if self.split_k != 1 and not self.wgmma:
             raise SpecError("tiles.split_k", self.split_k, "must be 1 without wgmma (the mma.sync kernel does not "
                             "split K)")
+        if self.cluster_m != 1 and not self.wgmma:
+            raise SpecError("tiles.cluster_m", self.cluster_m, "must be 1 without wgmma (the mma.sync kernel runs no "
+                            "clusters)")
         if self.wgmma:
             wgmma_gemm.check_geometry(self)
         else:
             check_geometry(self)
 
     def to_dict(self) -> dict:
-        """The fields, wgmma, pingpong and split_k only where set: the kernels keep the tuning records,
-        kernel names (a hash of ``describe``) and catalogue files they had before those fields existed."""
+        """The fields, wgmma, pingpong, split_k and cluster_m only where set: the kernels keep the tuning
+        records, kernel names (a hash of ``describe``) and catalogue files they had before those fields
+        existed."""
         fields = super().to_dict()
-        for name, unset in (("wgmma", False), ("pingpong", False), ("split_k", 1)):
+        for name, unset in (("wgmma", False), ("pingpong", False), ("split_k", 1), ("cluster_m", 1)):
             if getattr(self, name) == unset:
                 del fields[name]
         return fields

@@ -39,11 +39,12 @@ from typing import Any
 
 from codegen import index
 from codegen.device import Device, as_device
-from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, convolution_selftest_context,
-                                   kernel_name)
-from codegen.families.gemm_tiles import k_split
+from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, TensorMap,
+                                   convolution_selftest_context, kernel_name)
+from codegen.families.gemm_tiles import check_im2col_map, k_split
 from codegen.spec import ConvSpec, DType, MathMode, SpecError
 from codegen.terms.gemm import gemm_sizes, gemm_terms
+from codegen.terms.implicit_gemm import im2col_map_terms
 
 VARIANT = "wgmma"
 ARCH = 90
@@ -60,6 +61,9 @@ MMA_K_BYTES = 32
 MAX_ACCUMULATORS = 128
 """FP32 accumulators per consumer thread (a warpgroup's 64x256 or 128x128 tile)."""
 MAX_CONSUMERS = 2
+CLUSTER_CHOICES = (1, 2, 4)
+"""CTAs of a cluster sharing B (``cluster_m``): each multicasts 1 / cluster_m of the slice's rows,
+at least 8 (a swizzle atom) on the narrowest tile."""
 BLOCK_N_CHOICES = (32, 64, 128, 256)
 """Output-channel tiles: powers of two up to wgmma's largest N (256), from 32 so that the tuner's
 space stays small (the producer copies B in passes of 16 rows; 16 would work too)."""
@@ -101,6 +105,19 @@ def covers(spec: ConvSpec) -> bool:
     return precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
 
 
+def a_by_tma(spec: ConvSpec) -> bool:
+    """A's slices through TMA's im2col mode, one copy a slice (CUTLASS's and cuDNN's sm_90 implicit
+    GEMM): where each k-slice is channels of one tap (C a multiple of the slice) and the map can
+    encode the spec's strides and padding; else the producer warpgroup's cp.async copies."""
+    if spec.c % slice_k(spec):
+        return False
+    try:
+        check_im2col_map(spec)
+    except SpecError:
+        return False
+    return True
+
+
 def runs_on(device: Device) -> bool:
     return device.capability == ARCH
 
@@ -136,6 +153,8 @@ def check_geometry(tiles) -> None:
     if tiles.block_m % tiles.warp_m or not 1 <= consumers(tiles) <= MAX_CONSUMERS:
         raise SpecError("tiles.block_m", tiles.block_m, f"must be 1 or {MAX_CONSUMERS} times warp_m ({tiles.warp_m}) "
                         "with wgmma: one consumer warpgroup per warp_m rows")
+    if tiles.cluster_m not in CLUSTER_CHOICES:
+        raise SpecError("tiles.cluster_m", tiles.cluster_m, f"must be one of {CLUSTER_CHOICES} with wgmma")
     if tiles.warp_m * tiles.warp_n // WARPGROUP > MAX_ACCUMULATORS:
         raise SpecError("tiles.warp_n", tiles.warp_n, f"with warp_m {tiles.warp_m} gives each consumer thread "
                         f"{tiles.warp_m * tiles.warp_n // WARPGROUP} accumulators; at most {MAX_ACCUMULATORS}")
@@ -171,14 +190,17 @@ def index_type(spec: ConvSpec, tiles) -> str:
 
 
 def _padded_rows(alg: index.IndexAlgebra, tiles) -> int:
-    """GEMM M rounded up to whole tiles: the pixel rows the kernel's index arithmetic reaches."""
-    return -(-alg.cols // tiles.block_m) * tiles.block_m
+    """GEMM M rounded up to whole clusters of tiles: the pixel rows the kernel's index arithmetic
+    reaches."""
+    rows = tiles.block_m * tiles.cluster_m
+    return -(-alg.cols // rows) * rows
 
 
 def _slots(spec: ConvSpec, tiles) -> int:
     """A pixel's int slots: its origin on each padded axis, or where no axis is padded but the last
     tile passes M, one saying whether the pixel exists."""
-    return sum(1 for p in spec.padding if p > 0) or (1 if index.IndexAlgebra(spec).cols % tiles.block_m else 0)
+    alg = index.IndexAlgebra(spec)
+    return sum(1 for p in spec.padding if p > 0) or (1 if _padded_rows(alg, tiles) != alg.cols else 0)
 
 
 def pixel_entry_bytes(spec: ConvSpec, tiles) -> int:
@@ -197,9 +219,9 @@ def table_batch(spec: ConvSpec, tiles) -> int:
 
 def shared_bytes(spec: ConvSpec, tiles) -> int:
     """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B, the pixel table
-    and the full and empty mbarriers."""
-    return (1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES
-            + tiles.block_m * pixel_entry_bytes(spec, tiles) + 16 * tiles.stages)
+    (A by cp.async) and the full and empty mbarriers."""
+    table = 0 if a_by_tma(spec) else tiles.block_m * pixel_entry_bytes(spec, tiles)
+    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES + table + 16 * tiles.stages
 
 
 def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
@@ -377,6 +399,7 @@ class _Shape:
     wgmma: bool = True
     pingpong: bool = False
     split_k: int = 1
+    cluster_m: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,10 +453,26 @@ class WgmmaContext(ConvolutionContext):
     splits: int
     """Work units an output tile's K range is split into (``split_k``; 1: whole tiles)."""
     k_per_split: int
+    a_tma: bool
+    """A's slices by one im2col TMA copy each (``a_by_tma``), else by the producer's cp.async copies."""
+    im2col_rank: int
+    origin: list[str]
+    """The input coordinates (innermost first) of an A tile's first pixel at tap 0 (TMA A)."""
+    tap_offsets: list[str]
+    """A k-slice's tap offsets (innermost first) from its tap kk (TMA A)."""
+    c_chunks: int
+    """k-slices of a tap (TMA A: C / block_k)."""
+    cluster_m: int
+    """Blocks of a cluster: they take neighbouring M tiles of one work unit and share its B slices."""
+    b_box_rows: int
+    """B rows of a slice that each block of a cluster copies and multicasts."""
+    m_tiles: int
     units_total: int
-    """Output tiles times splits: what the persistent blocks take in turn."""
+    """Output tiles (in clusters of ``cluster_m`` along M) times splits: what the persistent blocks,
+    cluster by cluster, take in turn."""
     grid_blocks: int
     m_tail: bool
+    """Tile rows past M: the last tile's, or a cluster's tiles past the last one."""
     n_tail: bool
     k_tail: bool
     a_base: str
@@ -461,20 +500,37 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
     tiles_total = m_tiles * n_tiles
     splits, k_per_split = k_split(spec, tiles)
-    grid_blocks = min(tiles_total * splits, device.sm_count)
+    cluster = tiles.cluster_m
+    units_total = -(-m_tiles // cluster) * n_tiles * splits
+    grid_blocks = min(units_total, max(1, device.sm_count // cluster)) * cluster
     name = kernel_name(family.name, VARIANT, spec, tiles)
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
     reduce_width = 2 if pair_store else 1
-    if splits > 1:
-        launches = (Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=("x", "w", "partials"),
-                           persistent=True),
-                    Launch(name + "_reduce", (-(-gemm_m * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
-                           (REDUCE_THREADS, 1, 1), args=("partials", "y")))
+    # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
+    # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
+    w_map = TensorMap("w", (gemm_k, gemm_n), (gemm_k * itemsize,), (tiles.block_k, tiles.block_n // cluster),
+                      swizzle=SLICE_BYTES, dtype=spec.dtype)
+    output = "partials" if splits > 1 else "y"
+    a_tma = a_by_tma(spec)
+    if a_tma:   # A: block_m pixels of one tap's block_k channels a copy, in the same swizzle
+        im2col = im2col_map_terms(alg)
+        x_map = TensorMap("x", im2col["dims"], im2col["strides"], (tiles.block_k, tiles.block_m), swizzle=SLICE_BYTES,
+                          corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"],
+                          dtype=spec.dtype)
+        main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=(output,),
+                      tensor_maps=(w_map, x_map), persistent=True)
     else:
-        launches = (Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, persistent=True),)
-    m_tail = gemm_m % tiles.block_m != 0
+        im2col = {"origin": [], "tap_offsets": []}
+        main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=("x", output),
+                      tensor_maps=(w_map,), persistent=True)
+    if splits > 1:
+        launches = (main, Launch(name + "_reduce", (-(-gemm_m * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
+                                 (REDUCE_THREADS, 1, 1), args=("partials", "y")))
+    else:
+        launches = (main,)
+    m_tail = _padded_rows(alg, tiles) != gemm_m
     chunk_elements = CHUNK_BYTES // itemsize
     context = WgmmaContext(
         **index.template_context(alg, _padded_rows(alg, tiles), column_matrix=False),
@@ -493,7 +549,9 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
         GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
-        k_per_split=k_per_split, units_total=tiles_total * splits, grid_blocks=grid_blocks,
+        k_per_split=k_per_split, a_tma=a_tma, im2col_rank=spec.dims + 2, origin=im2col["origin"],
+        tap_offsets=im2col["tap_offsets"], c_chunks=spec.c // tiles.block_k, cluster_m=cluster, b_box_rows=tiles.block_n // cluster, m_tiles=m_tiles,
+        units_total=units_total, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
         pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, reduce_threads=REDUCE_THREADS,

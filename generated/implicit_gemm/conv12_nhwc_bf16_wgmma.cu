@@ -2,7 +2,7 @@
 //   spec:  2D NHWC n=128 c=512 k=512 input=7x7 filter=3x3 stride=1,1 padding=0,0 dilation=1,1 bfloat16
 //   tiles: block_m=64 block_n=256 block_k=64 warp_m=64 warp_n=256 stages=5 wgmma=True pingpong=True
 //   index type: int (largest index 3211263)
-//   launch convgen_implicit_gemm_wgmma_afb93abccd: grid (100, 1, 1) block (384, 1, 1) shared 206928 B
+//   launch convgen_implicit_gemm_wgmma_afb93abccd: grid (100, 1, 1) block (384, 1, 1) shared 205904 B
 //   buffers: in x[128][7][7][512], in w[512][3][3][512], out y[128][5][5][512]
 
 //
@@ -45,11 +45,6 @@ static __device__ __forceinline__ void convgen_barrier_arrive(unsigned barrier)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(barrier) : "memory");
 }
-// Arrive once this thread's earlier cp.async copies have landed (counted among the expected arrivals).
-static __device__ __forceinline__ void convgen_barrier_copies_arrive(unsigned barrier)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(barrier) : "memory");
-}
 // Wait until the phase of parity `parity` has completed.
 static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, unsigned parity)
 {
@@ -61,23 +56,35 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, un
                  " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
-// cp.async (sm_80+): copy global to shared memory without passing through registers; a source
-// size of 0 writes zeros, which is how padding and tile tails are filled.
-// 16 bytes (both addresses 16-byte aligned), cached in L2 only: streamed data gains nothing from L1.
-static __device__ __forceinline__ void convgen_copy16(unsigned dst, const float* src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
+// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
 static __device__ __forceinline__ void convgen_barrier_init_fence()
 {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-
-// cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy: a consumer
-// orders the copies it has seen land (through the full mbarrier) before its MMAs with this fence.
-static __device__ __forceinline__ void convgen_fence_copies_before_mma()
+// Arrive once and expect `bytes` more from asynchronous copies before the phase completes.
+static __device__ __forceinline__ void convgen_barrier_expect(unsigned barrier, unsigned bytes)
 {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(barrier), "r"(bytes) : "memory");
+}
+// One box of the 2-D tensor at coordinates (innermost first) into shared memory; completes on `barrier`.
+static __device__ __forceinline__ void convgen_tensor_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
+                                                           int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+// One im2col copy of the 4-D channels-last image map: its pixels-per-column pixels, each its
+// channels-per-pixel channels from c, walked from the input coordinates (innermost first) of the
+// first pixel at tap 0, shifted by the tap's offsets; zeros outside the image; completes on `barrier`.
+static __device__ __forceinline__ void convgen_im2col_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
+                                                           int c0, int c1, int c2, int c3, unsigned short offset0, unsigned short offset1)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(offset0), "h"(offset1)
+                 : "memory");
 }
 
 // The warpgroup's MMAs: wgmma.fence before the first of a slice (the accumulators were last touched by other
@@ -150,115 +157,70 @@ static __device__ __forceinline__ unsigned convgen_round_pair(float low, float h
     return bits;
 }
 
-// A pixel's table entry: its base offset in x. Read through a plain pointer, not asm, so that
-// the compiler issues a slice's table loads together rather than each just before its copy.
-struct __align__(16) convgen_pixel {
-    int base;
-};
-static_assert(sizeof(convgen_pixel) == 16, "the plan sizes the pixel table");
-
 // Implicit GEMM y[3200 x 512] = A[3200 x 4608] * B[512 x 4608]^T on Hopper's warpgroup MMA (BF16 operands, FP32
 // accumulators rounded to bfloat16 once at the end). A(m, k) is the input pixel that output pixel m reads for column
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 100 persistent blocks take the 100 tiles of 64x256 (tile = block, block + 100, ...; output-channel tiles fastest),
 // each of 72 k-slice(s) of 64 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// One producer warpgroup copies each slice with 16-byte cp.async copies (zeros for padding and past M, N, K) into
-// a ring of 5 stages, arriving on the stage's "full" mbarrier as its copies land; 2 consumer warpgroup(s)
+// One producer warpgroup copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
+// its slice of B with one TMA copy (zeros past N and K), into a ring of 5 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 64x256 wait on it, issue m64n256k16 MMAs from shared memory, and release the stage on its "empty" mbarrier;
 // ping-pong: the two consumer warpgroups take alternate tiles whole, one's epilogue under the other's MMAs.
 extern "C" __global__ void __launch_bounds__(384, 1)
-convgen_implicit_gemm_wgmma_afb93abccd(const convgen_element* __restrict__ x, const convgen_element* __restrict__ w, convgen_element* __restrict__ y)
+convgen_implicit_gemm_wgmma_afb93abccd(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
+                                       convgen_element* __restrict__ y)
 {
-    // Dynamic shared memory (206928 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
-    // period), 5 A stages of 64 rows, 5 B stages of 256 rows, the pixel table (64 entries of 16 bytes),
-    // then the full and empty mbarriers. All of it by 32-bit shared address.
+    // Dynamic shared memory (205904 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
+    // period), 5 A stages of 64 rows, 5 B stages of 256 rows, then the full and empty mbarriers. All of it by 32-bit shared address.
     extern __shared__ __align__(16) unsigned char shared_memory[];
     const unsigned shared_base = convgen_shared(shared_memory);
     const unsigned a_tiles = shared_base + ((1024u - (shared_base & 1023u)) & 1023u);
     const unsigned b_tiles = a_tiles + 40960u;
     const unsigned pixels = b_tiles + 163840u;
-    const unsigned full = pixels + 1024u;
+    const unsigned full = pixels + 0u;
     const unsigned empty = full + 40u;
-    convgen_pixel* const pixel_table = reinterpret_cast<convgen_pixel*>(shared_memory + (pixels - shared_base));
     if (threadIdx.x == 0) {
         for (int s = 0; s < 5; ++s) {
-            convgen_barrier_init(full + 8u * s, 128);
-            convgen_barrier_init(empty + 8u * s, 4);
+            convgen_barrier_init(full + 8u * s, 1);  // the producer's arrival with the bytes of A and B it expects
+            convgen_barrier_init(empty + 8u * s, 4);  // each consumer warp
         }
         convgen_barrier_init_fence();
     }
     __syncthreads();
+    const int first_unit = blockIdx.x, unit_stride = gridDim.x;
 
     if (threadIdx.x < 128) {
         // The producer gives registers back to the pool for the consumers' accumulators.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        // Producer thread t copies 16-byte chunk t % 8 of slice rows t / 8 + 16i (A: i < 4, B: i < 16);
-        // those rows share r % 8, so the chunk's swizzled place in each is the same.
-        const int t = threadIdx.x;
-        const int chunk = t % 8;
-        const int row0 = t / 8;
-        const unsigned swizzled = row0 * 128 + ((chunk ^ (row0 % 8)) << 4);
-        int stage = 0;
-        unsigned phase = 0;
-        for (int unit = blockIdx.x; unit < 100; unit += gridDim.x) {
-            const int tile = unit;
-            const int kt_begin = 0, kt_end = 72;
-            const idx_t m_tile = (idx_t)(tile / 2) * 64;
-            const int n_tile = (tile % 2) * 256;
-            // The tile's pixels: offset in x at channel 0 and tap 0.
-            // The barriers keep the table from changing under a thread still reading the last tile's.
-            asm volatile("bar.sync 1, 128;" ::: "memory");
-            for (int r = t; r < 64; r += 128) {
-                const idx_t m_index = m_tile + r;
-                const idx_t col = m_index;
+        // One thread copies each slice: A's 64 pixels at the slice's tap and 64 channels with an im2col copy (zeros in
+        // the padding and past M), B's 256 filter rows with a tiled one (zeros past N); the stage's full mbarrier expects both.
+        if (threadIdx.x == 0) {
+            int stage = 0;
+            unsigned phase = 0;
+            for (int unit = first_unit; unit < 100; unit += unit_stride) {
+                const int tile = unit;
+                const int kt_begin = 0, kt_end = 72;
+                const idx_t m_tile = ((idx_t)(tile / 2)) * 64;
+                const int n_tile = (tile % 2) * 256;
+                // The tile's first pixel: its image and input coordinates at tap 0 (W first).
+                const idx_t col = m_tile;
                 const idx_t n = ((col) / 25);
                 const idx_t o0 = ((((col) / 5)) % 5);
                 const idx_t o1 = ((col) % 5);
-                convgen_pixel pixel;
-                pixel.base = 25088*n + 3584*o0 + 512*o1;
-                pixel_table[r] = pixel;
-            }
-            asm volatile("bar.sync 1, 128;" ::: "memory");
-            const convgen_element* const b_source = w + (idx_t)(n_tile + row0) * 4608 + chunk * 8;
-            for (int kt = kt_begin; kt < kt_end; ++kt) {
-                // This thread's column of A: its channel and tap, its offset from a pixel's base, its displacement
-                // along each padded axis.
-                const int row = kt * 64 + chunk * 8;
-                const idx_t c = ((row) % 512);
-                const int kk = ((row) / 512);
-                const idx_t k0 = ((kk) / 3);
-                const idx_t k1 = ((kk) % 3);
-                const idx_t delta = c + 3584*k0 + 512*k1;
-                convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
-                const unsigned a_stage = a_tiles + stage * 8192u + swizzled;
-                // Table entries 4 at a time, loaded before their copies: ptxas keeps the order of the copies and
-                // loads as written, so each copy would otherwise wait out its own entry's load.
-#pragma unroll
-                for (int batch = 0; batch < 4; batch += 4) {
-                    convgen_pixel pixel[4];
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) pixel[b] = pixel_table[row0 + (batch + b) * 16];
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) {
-                        const unsigned slot_address = a_stage + (batch + b) * 2048u;
-                        convgen_copy16(slot_address, reinterpret_cast<const float*>(x + pixel[b].base + delta), true);
+                const int start[3] = {(int)(o1), (int)(o0), (int)n};
+                for (int kt = kt_begin; kt < kt_end; ++kt) {
+                    const int kk = kt / 8, c0 = (kt % 8) * 64;  // the slice's tap and first channel
+                    convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
+                    convgen_barrier_expect(full + 8u * stage, 40960u);
+                    convgen_im2col_copy(a_tiles + stage * 8192u, &x_map, full + 8u * stage, c0, start[0], start[1], start[2], (unsigned short)(((kk) % 3)), (unsigned short)(((kk) / 3)));
+                    convgen_tensor_copy(b_tiles + stage * 32768u, &w_map, full + 8u * stage, kt * 64, n_tile);
+                    if (++stage == 5) {
+                        stage = 0;
+                        phase ^= 1u;
                     }
-                }
-                const unsigned b_stage = b_tiles + stage * 32768u + swizzled;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    convgen_copy16(b_stage + i * 2048u,
-                                   reinterpret_cast<const float*>(b_source + (idx_t)kt * 64 + (idx_t)i * 73728), true);
-                }
-                convgen_barrier_copies_arrive(full + 8u * stage);
-                if (++stage == 5) {
-                    stage = 0;
-                    phase ^= 1u;
                 }
             }
         }
-        // Copies still in flight land before the thread leaves.
-        asm volatile("cp.async.wait_all;" ::: "memory");
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
         // Consumer warpgroup g takes the block's work units of ordinal o = g, g + 2, ... (unit = block + o x grid) whole;
@@ -275,7 +237,7 @@ convgen_implicit_gemm_wgmma_afb93abccd(const convgen_element* __restrict__ x, co
         // previous unit's (named barrier 2 + o % 2), so the two alternate, one's epilogue under the other's MMAs,
         // and the stage a warpgroup waits on was last filled for a slice already consumed: its phase parity cannot be
         // mistaken for one a full ring older.
-        for (int unit = blockIdx.x, ordinal = 0; unit < 100; unit += gridDim.x, ++ordinal) {
+        for (int unit = first_unit, ordinal = 0; unit < 100; unit += unit_stride, ++ordinal) {
             const int tile = unit;
             const int kt_begin = 0, kt_end = 72;
             if (ordinal % 2 != group) {
@@ -287,7 +249,6 @@ convgen_implicit_gemm_wgmma_afb93abccd(const convgen_element* __restrict__ x, co
             if (ordinal > 0) asm volatile("bar.sync %0, 256;" :: "r"(2 + group) : "memory");
             for (int kt = kt_begin; kt < kt_end; ++kt) {
                 convgen_barrier_wait(full + 8u * stage, phase);
-                convgen_fence_copies_before_mma();
                 convgen_mma_fence();
                 const unsigned a_stage = a_tiles + stage * 8192u;
                 const unsigned b_stage = b_tiles + stage * 32768u;
@@ -320,12 +281,13 @@ convgen_implicit_gemm_wgmma_afb93abccd(const convgen_element* __restrict__ x, co
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
             // The other warpgroup may start the next unit's MMAs.
-            if (unit + gridDim.x < 100) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
+            if (unit + unit_stride < 100) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
             // output pixels (512 channels each), channel pairs stored together.
-            const idx_t m_tile = (idx_t)(tile / 2) * 64;
-            const int oc0 = (tile % 2) * 256 + 2 * (lane % 4);
+            const idx_t m_tile = ((idx_t)(tile / 2)) * 64;
+            const int n_tile = (tile % 2) * 256;
+            const int oc0 = n_tile + 2 * (lane % 4);
 #pragma unroll
             for (int mb = 0; mb < 1; ++mb) {
 #pragma unroll
@@ -342,14 +304,97 @@ convgen_implicit_gemm_wgmma_afb93abccd(const convgen_element* __restrict__ x, co
     }
 }
 
+#include <cuda.h>
+#include <cstring>
+
+// TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled and cuTensorMapEncodeIm2col, fetched through the
+// runtime (no -lcuda needed); no interleave, zeros outside the tensor.
+template <typename Function>
+static cudaError_t convgen_driver_entry(const char* name, Function* function)
+{
+    if (*function) return cudaSuccess;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t status = cudaGetDriverEntryPointByVersion(name, reinterpret_cast<void**>(function), 12000, cudaEnableDefault, &found);
+    if (status != cudaSuccess) return status;
+    return found == cudaDriverEntryPointSuccess ? cudaSuccess : cudaErrorNotSupported;
+}
+
+static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap& encoded)
+{
+    static_assert(sizeof(encoded) == sizeof(convgen_tensor_map), "CUtensorMap is 128 bytes");
+    std::memcpy(map, &encoded, sizeof(encoded));
+    return cudaSuccess;
+}
+
+static cudaError_t convgen_encode_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapSwizzle swizzle)
+{
+    typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                  const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static encode_fn encode = nullptr;
+    const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
+    if (found != cudaSuccess) return found;
+    CUtensorMap encoded;
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    return convgen_store_map(map, encoded);
+}
+
+// An im2col map: `channels` channels of `pixels` pixels per copy, walked with the traversal strides
+// between the lower and upper corners of the spatial axes (innermost first).
+static cudaError_t convgen_encode_im2col_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                             const cuuint64_t* dims, const cuuint64_t* strides, const int* lower, const int* upper,
+                                             cuuint32_t channels, cuuint32_t pixels, const cuuint32_t* element_strides,
+                                             CUtensorMapSwizzle swizzle)
+{
+    typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                  const int*, const int*, cuuint32_t, cuuint32_t, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static encode_fn encode = nullptr;
+    const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeIm2col", &encode);
+    if (found != cudaSuccess) return found;
+    CUtensorMap encoded;
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, lower, upper, channels,
+               pixels, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    return convgen_store_map(map, encoded);
+}
+
 extern "C" cudaError_t convgen_implicit_gemm_conv12_nhwc_bf16_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream)
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(y) % 4) return cudaErrorInvalidValue;  // vector accesses: y must be 4-byte aligned
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_afb93abccd, cudaFuncAttributeMaxDynamicSharedMemorySize, 206928);
+    convgen_tensor_map w_map;
+    {
+        const cuuint64_t dims[] = {4608, 512};
+        const cuuint64_t strides[] = {9216};
+        const cuuint32_t element_strides[] = {1, 1};
+        const cuuint32_t box[] = {64, 256};
+        const cudaError_t encoded = convgen_encode_map(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
+                                                       2, dims, strides, box, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
+        if (encoded != cudaSuccess) return encoded;
+    }
+    convgen_tensor_map x_map;
+    {
+        const cuuint64_t dims[] = {512, 7, 7, 128};
+        const cuuint64_t strides[] = {1024, 7168, 50176};
+        const cuuint32_t element_strides[] = {1, 1, 1, 1};
+        const int lower[] = {0, 0};
+        const int upper[] = {-2, -2};
+        const cudaError_t encoded = convgen_encode_im2col_map(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                                              x, 4, dims, strides, lower, upper,
+                                                              64, 64, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
+        if (encoded != cudaSuccess) return encoded;
+    }
+    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_afb93abccd, cudaFuncAttributeMaxDynamicSharedMemorySize, 205904);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_wgmma_afb93abccd<<<dim3(100, 1, 1), dim3(384, 1, 1), 206928, stream>>>(x, w, y);
+    convgen_implicit_gemm_wgmma_afb93abccd<<<dim3(100, 1, 1), dim3(384, 1, 1), 205904, stream>>>(w_map, x_map, y);
     return cudaGetLastError();
 }
 

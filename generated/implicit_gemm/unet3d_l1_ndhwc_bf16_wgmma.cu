@@ -61,16 +61,31 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, un
                  " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
+// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
+static __device__ __forceinline__ void convgen_barrier_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arrive once and expect `bytes` more from asynchronous copies before the phase completes.
+static __device__ __forceinline__ void convgen_barrier_expect(unsigned barrier, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(barrier), "r"(bytes) : "memory");
+}
+// One box of the 2-D tensor at coordinates (innermost first) into shared memory; completes on `barrier`.
+static __device__ __forceinline__ void convgen_tensor_copy(unsigned dst, const convgen_tensor_map* map, unsigned barrier,
+                                                           int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(barrier), "r"(c0), "r"(c1)
+                 : "memory");
+}
 // cp.async (sm_80+): copy global to shared memory without passing through registers; a source
 // size of 0 writes zeros, which is how padding and tile tails are filled.
 // 16 bytes (both addresses 16-byte aligned), cached in L2 only: streamed data gains nothing from L1.
 static __device__ __forceinline__ void convgen_copy16(unsigned dst, const float* src, bool valid)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void convgen_barrier_init_fence()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 // cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy: a consumer
@@ -135,11 +150,12 @@ static_assert(sizeof(convgen_pixel) == 16, "the plan sizes the pixel table");
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 132 persistent blocks take the 2048 tiles of 256x32 (tile = block, block + 132, ...; output-channel tiles fastest),
 // each of 14 k-slice(s) of 64 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// One producer warpgroup copies each slice with 16-byte cp.async copies (zeros for padding and past M, N, K) into
-// a ring of 4 stages, arriving on the stage's "full" mbarrier as its copies land; 2 consumer warpgroup(s)
+// One producer warpgroup copies each slice of A with 16-byte cp.async copies (zeros for padding and past M and K) and
+// its slice of B with one TMA copy (zeros past N and K), into a ring of 4 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 128x32 wait on it, issue m64n32k16 MMAs from shared memory, and release the stage on its "empty" mbarrier.
 extern "C" __global__ void __launch_bounds__(384, 1)
-convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, const convgen_element* __restrict__ w, convgen_element* __restrict__ y)
+convgen_implicit_gemm_wgmma_9762d04734(const __grid_constant__ convgen_tensor_map w_map, const convgen_element* __restrict__ x,
+                                       convgen_element* __restrict__ y)
 {
     // Dynamic shared memory (152640 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
     // period), 4 A stages of 256 rows, 4 B stages of 32 rows, the pixel table (256 entries of 16 bytes),
@@ -154,28 +170,29 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
     convgen_pixel* const pixel_table = reinterpret_cast<convgen_pixel*>(shared_memory + (pixels - shared_base));
     if (threadIdx.x == 0) {
         for (int s = 0; s < 4; ++s) {
-            convgen_barrier_init(full + 8u * s, 128);
-            convgen_barrier_init(empty + 8u * s, 8);
+            convgen_barrier_init(full + 8u * s, 129);  // the copies of A, thread by thread, and B's expected bytes
+            convgen_barrier_init(empty + 8u * s, 8);  // each consumer warp
         }
         convgen_barrier_init_fence();
     }
     __syncthreads();
+    const int first_unit = blockIdx.x, unit_stride = gridDim.x;
 
     if (threadIdx.x < 128) {
         // The producer gives registers back to the pool for the consumers' accumulators.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        // Producer thread t copies 16-byte chunk t % 8 of slice rows t / 8 + 16i (A: i < 16, B: i < 2);
-        // those rows share r % 8, so the chunk's swizzled place in each is the same.
+        // Producer thread t copies 16-byte chunk t % 8 of A's slice rows t / 8 + 16i (i < 16); those rows
+        // share r % 8, so the chunk's swizzled place in each is the same. Thread 0 copies B's slice with TMA.
         const int t = threadIdx.x;
         const int chunk = t % 8;
         const int row0 = t / 8;
         const unsigned swizzled = row0 * 128 + ((chunk ^ (row0 % 8)) << 4);
         int stage = 0;
         unsigned phase = 0;
-        for (int unit = blockIdx.x; unit < 2048; unit += gridDim.x) {
+        for (int unit = first_unit; unit < 2048; unit += unit_stride) {
             const int tile = unit;
             const int kt_begin = 0, kt_end = 14;
-            const idx_t m_tile = (idx_t)tile * 256;
+            const idx_t m_tile = ((idx_t)tile) * 256;
             // The tile's pixels: offset in x at channel 0 and tap 0, origin on each padded axis (past M: an origin no tap reaches).
             // The barriers keep the table from changing under a thread still reading the last tile's.
             asm volatile("bar.sync 1, 128;" ::: "memory");
@@ -194,7 +211,6 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
                 pixel_table[r] = pixel;
             }
             asm volatile("bar.sync 1, 128;" ::: "memory");
-            const convgen_element* const b_source = w + (idx_t)row0 * 864 + chunk * 8;
             for (int kt = kt_begin; kt < kt_end; ++kt) {
                 // This thread's column of A: its channel and tap, its offset from a pixel's base, its displacement
                 // along each padded axis.
@@ -209,6 +225,11 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
                 const int disp1 = (int)(k1);
                 const int disp2 = (int)(k2);
                 convgen_barrier_wait(empty + 8u * stage, phase ^ 1u);
+                if (t == 0) {
+                    // B: the slice's 32 filter rows (zeros past N and K); the stage's full mbarrier expects their bytes.
+                    convgen_barrier_expect(full + 8u * stage, 4096u);
+                    convgen_tensor_copy(b_tiles + stage * 4096u, &w_map, full + 8u * stage, kt * 64, 0);
+                }
                 const unsigned a_stage = a_tiles + stage * 32768u + swizzled;
                 // Table entries 8 at a time, loaded before their copies: ptxas keeps the order of the copies and
                 // loads as written, so each copy would otherwise wait out its own entry's load.
@@ -223,13 +244,6 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
                         const bool valid = row < 864 && (unsigned)(pixel[b].slot[0] + disp0) < 64u && (unsigned)(pixel[b].slot[1] + disp1) < 64u && (unsigned)(pixel[b].slot[2] + disp2) < 64u;
                         convgen_copy16(slot_address, reinterpret_cast<const float*>(x + (valid ? pixel[b].base + delta : 0)), valid);
                     }
-                }
-                const unsigned b_stage = b_tiles + stage * 4096u + swizzled;
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const bool valid = row < 864;
-                    convgen_copy16(b_stage + i * 2048u,
-                                   reinterpret_cast<const float*>(valid ? b_source + (idx_t)kt * 64 + (idx_t)i * 13824 : w), valid);
                 }
                 convgen_barrier_copies_arrive(full + 8u * stage);
                 if (++stage == 4) {
@@ -251,7 +265,7 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
         int previous = 0;
         int stage = 0;
         unsigned phase = 0;
-        for (int unit = blockIdx.x; unit < 2048; unit += gridDim.x) {
+        for (int unit = first_unit; unit < 2048; unit += unit_stride) {
             const int tile = unit;
             const int kt_begin = 0, kt_end = 14;
             for (int kt = kt_begin; kt < kt_end; ++kt) {
@@ -291,7 +305,7 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
             // output pixels (32 channels each), channel pairs stored together.
-            const idx_t m_tile = (idx_t)tile * 256;
+            const idx_t m_tile = ((idx_t)tile) * 256;
             const int oc0 = 2 * (lane % 4);
 #pragma unroll
             for (int mb = 0; mb < 2; ++mb) {
@@ -309,14 +323,64 @@ convgen_implicit_gemm_wgmma_9762d04734(const convgen_element* __restrict__ x, co
     }
 }
 
+#include <cuda.h>
+#include <cstring>
+
+// TMA tensor maps: encoded by the driver's cuTensorMapEncodeTiled, fetched through the
+// runtime (no -lcuda needed); no interleave, zeros outside the tensor.
+template <typename Function>
+static cudaError_t convgen_driver_entry(const char* name, Function* function)
+{
+    if (*function) return cudaSuccess;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t status = cudaGetDriverEntryPointByVersion(name, reinterpret_cast<void**>(function), 12000, cudaEnableDefault, &found);
+    if (status != cudaSuccess) return status;
+    return found == cudaDriverEntryPointSuccess ? cudaSuccess : cudaErrorNotSupported;
+}
+
+static cudaError_t convgen_store_map(convgen_tensor_map* map, const CUtensorMap& encoded)
+{
+    static_assert(sizeof(encoded) == sizeof(convgen_tensor_map), "CUtensorMap is 128 bytes");
+    std::memcpy(map, &encoded, sizeof(encoded));
+    return cudaSuccess;
+}
+
+static cudaError_t convgen_encode_map(convgen_tensor_map* map, CUtensorMapDataType type, const void* base, cuuint32_t rank,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapSwizzle swizzle)
+{
+    typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                  const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static encode_fn encode = nullptr;
+    const cudaError_t found = convgen_driver_entry("cuTensorMapEncodeTiled", &encode);
+    if (found != cudaSuccess) return found;
+    CUtensorMap encoded;
+    if (encode(&encoded, type, rank, const_cast<void*>(base), dims, strides, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    return convgen_store_map(map, encoded);
+}
+
 extern "C" cudaError_t convgen_implicit_gemm_unet3d_l1_ndhwc_bf16_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream)
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(y) % 4) return cudaErrorInvalidValue;  // vector accesses: y must be 4-byte aligned
+    convgen_tensor_map w_map;
+    {
+        const cuuint64_t dims[] = {864, 32};
+        const cuuint64_t strides[] = {1728};
+        const cuuint32_t element_strides[] = {1, 1};
+        const cuuint32_t box[] = {64, 32};
+        const cudaError_t encoded = convgen_encode_map(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
+                                                       2, dims, strides, box, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
+        if (encoded != cudaSuccess) return encoded;
+    }
     const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_9762d04734, cudaFuncAttributeMaxDynamicSharedMemorySize, 152640);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_wgmma_9762d04734<<<dim3(132, 1, 1), dim3(384, 1, 1), 152640, stream>>>(x, w, y);
+    convgen_implicit_gemm_wgmma_9762d04734<<<dim3(132, 1, 1), dim3(384, 1, 1), 152640, stream>>>(w_map, x, y);
     return cudaGetLastError();
 }
 
