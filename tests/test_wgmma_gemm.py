@@ -103,14 +103,22 @@ def test_pingpong_needs_wgmma_and_whole_tiles():
 
 def test_heuristic_takes_pingpong_where_shared_tiles_would_leave_one_consumer():
     """conv12's 3200 x 512 GEMM fills the SMs only with 64-row shared tiles (one consumer
-    warpgroup): ping-pong with 64x256 tiles instead; conv8 and c3d_conv3 keep two consumers a tile."""
+    warpgroup): ping-pong with 64x256 tiles instead. conv8's 256x128 shared tiles run as ping-pong's
+    128x128 in 16-bit and stay shared in TF32; c3d_conv3's 256-channel tiles stay shared."""
     conv12 = ConvSpec(dims=2, layout="NHWC", n=128, c=512, k=512, input_size=(7, 7), filter_size=3, dtype="bfloat16")
     for spec in (conv12, replace(conv12, dtype="float32", math="tf32")):
         tiles = FAMILY.heuristic_tiles(spec, H100)
         assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.stages, tiles.pingpong) == (64, 256, 64, 5, True)
     conv8 = ConvSpec(dims=2, layout="NHWC", n=128, c=64, k=128, input_size=(112, 112), filter_size=3, dtype="bfloat16")
-    assert not FAMILY.heuristic_tiles(conv8, H100).pingpong
-    assert not FAMILY.heuristic_tiles(replace(conv8, dtype="float32", math="tf32"), H100).pingpong
+    for spec in (conv8, replace(conv8, dtype="float16")):
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+        assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.stages, tiles.pingpong) == (128, 128, 128, 5, True)
+    tiles = FAMILY.heuristic_tiles(replace(conv8, dtype="float32", math="tf32"), H100)
+    assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.pingpong) == (256, 128, 128, False)
+    c3d_conv3 = ConvSpec(dims=3, layout="NDHWC", n=8, c=128, k=256, input_size=(8, 28, 28), filter_size=3, padding=1,
+                         dtype="bfloat16")
+    tiles = FAMILY.heuristic_tiles(c3d_conv3, H100)
+    assert (tiles.block_m, tiles.block_n, tiles.pingpong) == (128, 256, False)
 
 
 def test_requested_rows_leave_pingpong_off_unless_asked_for():
@@ -333,9 +341,11 @@ def test_heuristic_fills_the_sms_before_growing_the_tile():
                      dtype="bfloat16")
     c3d_conv3 = ConvSpec(dims=3, layout="NDHWC", n=8, c=128, k=256, input_size=(8, 28, 28), filter_size=3,
                          padding=1, dtype="bfloat16")
-    assert (FAMILY.heuristic_tiles(conv8, H100).block_m, FAMILY.heuristic_tiles(conv8, H100).block_n) == (256, 128)
+    conv8_tf32 = replace(conv8, dtype="float32", math="tf32")   # 16-bit runs these rows as ping-pong's 128x128
+    assert (FAMILY.heuristic_tiles(conv8_tf32, H100).block_m, FAMILY.heuristic_tiles(conv8_tf32, H100).block_n) == (256, 128)
     assert (FAMILY.heuristic_tiles(c3d_conv3, H100).block_m, FAMILY.heuristic_tiles(c3d_conv3, H100).block_n) == (128, 256)
-    medium = ConvSpec(dims=2, layout="NHWC", n=8, c=64, k=128, input_size=(50, 50), filter_size=1, dtype="bfloat16")
+    medium = ConvSpec(dims=2, layout="NHWC", n=8, c=64, k=128, input_size=(50, 50), filter_size=1, dtype="float32",
+                      math="tf32")
     tiles = FAMILY.heuristic_tiles(medium, H100)     # 256x128 gives 79 tiles, 128x128 157
     assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.pingpong) == (128, 128, 64, False)
 

@@ -70,6 +70,8 @@ space stays small (the producer copies B in passes of 16 rows; 16 would work too
 TUNING_STAGES = (2, 3, 4, 5)
 """Stages the tuner tries: on the prototype 5 ran no faster than 4 with shared tiles; ping-pong's
 smaller tiles gained from 4 to 5 (conv12, 64x256: 455 to 462 TFLOP/s in BF16)."""
+PINGPONG_WIDTH = 128
+"""16-bit shared tiles of this many channels run as ping-pong's 128-row tiles (``heuristic_fields``)."""
 PINGPONG_STAGES = 5
 """Ping-pong's stages: 5 against 4 ran conv8's 128x128 tiles 5 % faster in both precisions and
 conv12's 64x256 2-4 % faster (conv12's 128x128 1 % slower in BF16); 6 ran no faster than 5."""
@@ -244,8 +246,11 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     x 512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in
     BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276, 262, 201, 165). Where tiles
     are many, ping-pong ran conv8 7 % faster in BF16 but conv8 in TF32 and c3d_conv2 and c3d_conv3
-    1-21 % slower, so the consumers share tiles there. K is split where the tiles are very few
-    (``_split_k``)."""
+    1-21 % slower, so the consumers share tiles there. Since A came by TMA, 16-bit shared tiles
+    128 channels wide ran slower than ping-pong's 128x128 on every layer tried (TC v5: conv10 389 ->
+    483 TFLOP/s BF16, conv8 425 -> 462, c3d_conv2 577 -> 607, and two unseen layers), so 16-bit
+    takes ping-pong there; narrower tiles and TF32 stayed mixed (conv4 BF16 -6 %, c3d_conv2 TF32
+    -6 %) and keep shared tiles. K is split where the tiles are very few (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -266,6 +271,9 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
                                key=lambda shape: (-(-_tile_count(gemm_m, gemm_n, *shape) // device.sm_count)
                                                   * shape[0] * shape[1], -shape[0] * shape[1], -shape[1]))
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m,
+                  "warp_n": block_n, "wgmma": True, "pingpong": True}
+    elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32:
+        fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
     else:
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m // MAX_CONSUMERS,
