@@ -35,7 +35,9 @@ def buffer_bytes(buffer: Buffer) -> int:
 class ParameterBlock:
     """One thread's parameter memory for one launch: the values, and the array of their addresses
     (after the tensor maps' addresses) that ``cuLaunchKernel`` reads.  Reused call after call:
-    the driver has copied the parameters by the time ``cuLaunchKernel`` returns."""
+    the driver has copied the parameters by the time ``cuLaunchKernel`` returns.  ``mapped`` is
+    the buffer addresses whose encoded maps ``maps`` holds (and ``addresses`` points at), so that
+    a call on the same buffers as the last one looks nothing up."""
 
     def __init__(self, maps: int, count: int):
         self.values = (ctypes.c_uint64 * count)()
@@ -43,6 +45,8 @@ class ParameterBlock:
         base = ctypes.addressof(self.values)
         self.addresses[maps:] = [base + 8 * i for i in range(count)]
         self.address = ctypes.addressof(self.addresses)
+        self.mapped: tuple[int, ...] | None = None
+        self.maps: list = []
 
 
 class LaunchRecipe:
@@ -83,8 +87,11 @@ class LaunchRecipe:
         else:
             block.values[:] = [pointers[index] + offset for index, offset in self.parameters]
         if self.tensor_maps:
-            maps = [encode_map(tensor_map, pointers[index]) for tensor_map, index in self.tensor_maps]
-            block.addresses[:len(maps)] = [ctypes.addressof(m) for m in maps]
+            mapped = tuple([pointers[index] for _, index in self.tensor_maps])
+            if mapped != block.mapped:
+                block.maps = [encode_map(tensor_map, pointer) for (tensor_map, _), pointer in zip(self.tensor_maps, mapped)]
+                block.addresses[:len(block.maps)] = [ctypes.addressof(m) for m in block.maps]
+                block.mapped = mapped
         launch_kernel(*self.driver_arguments, stream, block.address, 0)
 
 

@@ -14,6 +14,8 @@ from codegen.spec import ConvSpec
 
 NCHW = ConvSpec(dims=2, layout="NCHW", n=2, c=8, k=8, input_size=(16, 16), filter_size=(3, 3), padding=1)
 NHWC = ConvSpec(dims=2, layout="NHWC", n=2, c=32, k=32, input_size=(16, 16), filter_size=(3, 3), padding=1)
+NHWC_BF16 = ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=32, input_size=(16, 16), filter_size=(3, 3), padding=1,
+                     dtype="bfloat16")
 MAP_MARK = 1 << 60
 """The stand-in tensor map of a buffer at address p holds MAP_MARK | p."""
 STREAM = 0x5_0000
@@ -28,12 +30,16 @@ class Driver:
         self.counts = {step.kernel: len(step.tensor_maps) + len(kernel_plan.launch_args(step))
                        for step in kernel_plan.launches}
         self.launches = []
+        self.encoded = []
         monkeypatch.setattr(launch, "launch_kernel", self.launch)
         monkeypatch.setattr(launch.Launcher, "function",
                             lambda _, device_id, name: SimpleNamespace(ptr=self.kernels.index(name) + 1))
         monkeypatch.setattr(launch.Launcher, "_opt_in_shared", staticmethod(lambda *arguments: None))
-        monkeypatch.setattr(launch.Launcher, "_tensor_map",
-                            lambda _, tensor_map, pointer: ctypes.c_uint64(MAP_MARK | pointer))
+        monkeypatch.setattr(launch.Launcher, "_tensor_map", lambda _, tensor_map, pointer: self.encode(pointer))
+
+    def encode(self, pointer: int) -> ctypes.c_uint64:
+        self.encoded.append(pointer)
+        return ctypes.c_uint64(MAP_MARK | pointer)
 
     def launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
         kernel = self.kernels[function - 1]
@@ -57,7 +63,9 @@ def expected_launches(kernel_plan, named: dict[str, int]) -> list:
     ("implicit_gemm", NCHW, None, None),            # one launch on the call's buffers: the plain path
     ("implicit_gemm", NHWC, {"tma": True}, None),   # tensor maps, a workspace, two launches
     ("im2win", NCHW, None, 28_000),                 # batch chunks: offsets that move per chunk
-], ids=["plain", "tma", "chunked"])
+    ("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 1}, None),   # WGMMA: maps of w and x, y a pointer
+    ("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 3}, None),   # ... and the partial tiles' workspace
+], ids=["plain", "tma", "chunked", "wgmma", "wgmma-split-k"])
 def test_each_launch_is_handed_its_buffers_at_their_offsets(monkeypatch, family, spec, tiles, limit):
     kernel_plan = plan(family, spec, tiles, target="h100", workspace_limit=limit)
     driver = Driver(kernel_plan, monkeypatch)
@@ -73,6 +81,24 @@ def test_each_launch_is_handed_its_buffers_at_their_offsets(monkeypatch, family,
         launcher.run(0, pointers, STREAM, allocate)
         assert driver.launches == expected_launches(kernel_plan, {**dict(zip(launcher.call_names, pointers)),
                                                                   **workspaces})
+
+
+def test_maps_are_looked_up_only_when_their_buffers_move(monkeypatch):
+    """A call on the buffers of the last one reuses its encoded maps without a lookup; a call on
+    other buffers looks them up (the launcher encodes each address once) and launches with them."""
+    kernel_plan = plan("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 1}, target="h100")
+    driver = Driver(kernel_plan, monkeypatch)
+    launcher = launch.Launcher(kernel_plan, b"")
+    mapped = [m.buffer for m in kernel_plan.launches[0].tensor_maps]
+    assert mapped == ["w", "x"]
+    for base, encoded in ((0x10_0000, 2), (0x10_0000, 0), (0x70_0000, 2), (0x10_0000, 2)):
+        pointers = [base + 0x1_0000 * i for i in range(len(launcher.call_names))]
+        driver.launches.clear()
+        driver.encoded.clear()
+        launcher.run(0, pointers, STREAM, None)
+        named = dict(zip(launcher.call_names, pointers))
+        assert len(driver.encoded) == encoded
+        assert driver.launches == expected_launches(kernel_plan, named)
 
 
 def test_threads_pack_their_parameters_in_memory_of_their_own(monkeypatch):
