@@ -7,19 +7,24 @@ The GEMM is mma_gemm's: M output pixels, N output channels, K = C x taps in the 
 A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n *
 GEMM_K + k]. A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or
 two consumer warpgroups. The producer fills a ring of ``stages`` k-slices (128 bytes a row: 64
-16-bit or 32 float32 elements, A and B both k-major) with 16-byte ``cp.async`` copies into the
-128-byte swizzle (chunk j of row r at j ^ (r % 8)), zero-filled where a tap lies in the padding or
-past M, N or K, and each of its threads arrives on the slice's "full" mbarrier once its copies have
-landed. Each consumer warpgroup owns warp_m rows of the block_m x block_n tile: it waits on "full",
-orders the copies' writes before its MMAs (``fence.proxy.async``: wgmma reads shared memory through
-the async proxy, cp.async writes through the generic one), issues m64n{block_n}k16 (16-bit) or k8
-(TF32) MMAs from two shared-memory descriptors, and releases the slice on its "empty" mbarrier once
-the next slice's MMAs are issued and this one's retired. The FP32 accumulators are rounded once
-(16-bit outputs), in the epilogue, and stored from registers while the producer already fills the
-next tile's slices; with ``pingpong`` the two consumer warpgroups take alternate tiles whole, and
-with ``split_k`` a tile's k-slices are split into work units whose FP32 partial tiles go to a
-workspace that a second kernel adds up in range order (deterministic, rounded once for 16-bit
-outputs: CUTLASS's "parallel" split-K).
+16-bit or 32 float32 elements, A and B both k-major) in the 128-byte swizzle (chunk j of row r at
+j ^ (r % 8)): its first thread copies B's slice with one tiled TMA copy (zeros past N and K) and,
+where each slice is one tap's channels (``a_by_tma``), A's with one im2col TMA copy (zeros in the
+padding and past M), expecting their bytes on the slice's "full" mbarrier; elsewhere every producer
+thread copies A with 16-byte ``cp.async`` copies, zero-filled where a tap lies in the padding or
+past M or K, and arrives on "full" once they have landed. Each consumer warpgroup owns warp_m rows
+of the block_m x block_n tile: it waits on "full", orders cp.async's writes before its MMAs
+(``fence.proxy.async``: wgmma reads shared memory through the async proxy, cp.async writes through
+the generic one; TMA writes through the async proxy and needs none), issues m64n{block_n}k16
+(16-bit) or k8 (TF32) MMAs from two shared-memory descriptors, and releases the slice on its
+"empty" mbarrier once the next slice's MMAs are issued and this one's retired. The FP32
+accumulators are rounded once (16-bit outputs), in the epilogue, and stored from registers while
+the producer already fills the next tile's slices; with ``pingpong`` the two consumer warpgroups
+take alternate tiles whole, with ``split_k`` a tile's k-slices are split into work units whose FP32
+partial tiles go to a workspace that a second kernel adds up in range order (deterministic,
+rounded once for 16-bit outputs: CUTLASS's "parallel" split-K), and with ``cluster_m`` the blocks
+of a thread-block cluster take neighbouring M tiles of a unit, each multicasting its share of B's
+rows to all, and release each stage on every block's "empty" mbarrier.
 
 TF32 operands reach the tensor cores as the float32 bits ``cp.async`` copied: wgmma reads them from
 shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
@@ -27,9 +32,9 @@ float data do.  Rounding them to nearest would take a pass over every slice in s
 many bytes again as the MMAs read; the error bound takes the truncation instead
 (``KernelPlan.tf32_truncated``).
 
-A pixel's base offset and padded-axis origins are computed once per tile into a shared table
-(``pixel_entry_bytes``): the producer's few registers (``REGISTER_SPLIT``) could not hold them for
-the 16 rows a thread copies.
+With A by cp.async, a pixel's base offset and padded-axis origins are computed once per tile into a
+shared table (``pixel_entry_bytes``): the producer's few registers (``REGISTER_SPLIT``) could not
+hold them for the 16 rows a thread copies.
 """
 from __future__ import annotations
 
