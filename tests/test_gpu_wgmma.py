@@ -176,16 +176,28 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
     "cluster-2-tile-past-m-n-k-tails": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                                  filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                                  dtype="bfloat16"), (128, 32, 64, 3, False, 1, 2)),
-    "cluster-4-pingpong-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
+    "cluster-2-pingpong-tf32": (ConvSpec(dims=2, layout="NHWC", n=8, c=20, k=75, input_size=(64, 66),
                                          filter_size=3, padding=1, dilation=(1, 2), dpitch=24,
-                                         dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 4)),
-    "cluster-2-split-k-fp16": (ConvSpec(dims=3, layout="NDHWC", n=1, c=48, k=37, input_size=(4, 6, 5),
+                                         dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 2)),
+    "cluster-2-split-k-fp16": (ConvSpec(dims=3, layout="NDHWC", n=1, c=48, k=37, input_size=(4, 10, 9),
                                         filter_size=3, padding=(0, 1, 1), dtype="float16"),
-                               (64, 64, 64, 3, False, 3, 2)),
-    "cluster-4-eight-row-boxes": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64), filter_size=3,
-                                           dtype="bfloat16"), (64, 32, 64, 2, False, 1, 4)),
+                               (64, 64, 64, 3, False, 3, 2)),          # 3 M tiles: the second cluster's second past M
+    "cluster-2-sixteen-row-boxes": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64),
+                                             filter_size=3, dtype="bfloat16"), (64, 32, 64, 2, False, 1, 2)),
     "cluster-2-pingpong-many-units": (ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=96, input_size=(64, 64),
                                                filter_size=3, padding=1, dtype="bfloat16"), (64, 32, 64, 3, True, 1, 2)),
+    # A by TMA (C a multiple of the slice): tails, stride, dilation, a pitch past C, a tile past M in a cluster
+    "tma-a-cluster-2-tile-past-m": (ConvSpec(dims=2, layout="NHWC", n=3, c=64, k=75, input_size=(17, 23),
+                                             filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=72,
+                                             dtype="bfloat16"), (128, 32, 64, 3, False, 1, 2)),
+    "tma-a-cluster-2-pingpong-split-k": (ConvSpec(dims=2, layout="NHWC", n=3, c=64, k=75, input_size=(17, 23),
+                                                  filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=72,
+                                                  dtype="bfloat16"), (128, 64, 128, 3, True, 3, 2)),
+    "tma-a-3d-strided": (ConvSpec(dims=3, layout="NDHWC", n=2, c=128, k=40, input_size=(5, 9, 11), filter_size=3,
+                                  stride=(1, 2, 1), padding=1, dpitch=136, dtype="bfloat16"), None),
+    "tma-a-3d-tf32-cluster-2-pingpong": (ConvSpec(dims=3, layout="NDHWC", n=2, c=32, k=70, input_size=(5, 9, 11),
+                                                  filter_size=3, stride=(1, 2, 1), padding=1, dilation=(2, 1, 1),
+                                                  dpitch=36, dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 2)),
 }
 
 
@@ -210,7 +222,8 @@ SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several wor
     "pingpong-two-tiles-per-block-tf32": 5,          # 256 tiles: 52 or 51 a block, even and odd
     "many-tiles-per-block": 7,                       # 723 tiles, one consumer warpgroup: 103 or 104 a block
     "cluster-2-pingpong-many-units": 5,              # 2 clusters of 2 blocks: 384 units of 2 M tiles, 192 a cluster
-    "cluster-4-eight-row-boxes": 9,                  # 2 clusters of 4 blocks: 183 units of 4 M tiles (3 past M in the last)
+    "cluster-2-sixteen-row-boxes": 9,                # 4 clusters of 2 blocks: 363 units of 2 M tiles (1 past M in the last)
+    "tma-a-3d-tf32-cluster-2-pingpong": 5,           # 2 clusters of 2 blocks, A by TMA, ping-pong
 }
 
 
@@ -286,7 +299,8 @@ def test_against_torch_at_the_same_precision(spec, seed):
     assert not (excess > 0).any(), f"{spec.describe()}: {int((excess > 0).sum())} output(s) differ from PyTorch's"
 
 
-@pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided", "tf32-m-n-k-tails-stride-dilation"])
+@pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided", "tf32-m-n-k-tails-stride-dilation",
+                                  "tma-a-3d-strided"])
 def test_emitted_selftest_passes_on_the_gpu(name, tmp_path):
     """The standalone file, built with plain nvcc for sm_90a, checks itself against its CPU reference."""
     path = emit("implicit_gemm", ODD_CASES[name][0], tmp_path / "kernel.cu", target="h100")

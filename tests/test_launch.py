@@ -3,6 +3,7 @@ and byte offset, tensor maps first, on the caller's stream), read back from the 
 as the driver would read it, on a first call and on the calls after it; and parameter memory kept
 per thread."""
 import ctypes
+import gc
 import threading
 from types import SimpleNamespace
 
@@ -99,6 +100,28 @@ def test_maps_are_looked_up_only_when_their_buffers_move(monkeypatch):
         named = dict(zip(launcher.call_names, pointers))
         assert len(driver.encoded) == encoded
         assert driver.launches == expected_launches(kernel_plan, named)
+
+
+def test_a_memoised_map_outlives_the_launcher_s_cache_being_cleared(monkeypatch):
+    """The encoded-map cache empties itself at MAX_ENCODED_MAPS; a thread's last maps stay alive and
+    are still the ones its next launch on the same buffers hands the driver."""
+    kernel_plan = plan("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 1}, target="h100")
+    driver = Driver(kernel_plan, monkeypatch)
+    monkeypatch.undo()   # the real map cache this time, over a stand-in encoder
+    monkeypatch.setattr(launch, "launch_kernel", driver.launch)
+    monkeypatch.setattr(launch.Launcher, "function",
+                        lambda _, device_id, name: SimpleNamespace(ptr=driver.kernels.index(name) + 1))
+    monkeypatch.setattr(launch.Launcher, "_opt_in_shared", staticmethod(lambda *arguments: None))
+    monkeypatch.setattr("codegen.tma.encode", lambda tensor_map, pointer: ctypes.c_uint64(MAP_MARK | pointer))
+    launcher = launch.Launcher(kernel_plan, b"")
+    pointers = [0x10_0000 + 0x1_0000 * i for i in range(len(launcher.call_names))]
+    launcher.run(0, pointers, STREAM, None)
+    for i in range(launch.MAX_ENCODED_MAPS + 1):   # other addresses, until the cache clears
+        launcher._tensor_map(kernel_plan.launches[0].tensor_maps[0], 0x100_0000 + 0x100 * i)
+    gc.collect()
+    driver.launches.clear()
+    launcher.run(0, pointers, STREAM, None)
+    assert driver.launches == expected_launches(kernel_plan, dict(zip(launcher.call_names, pointers)))
 
 
 def test_threads_pack_their_parameters_in_memory_of_their_own(monkeypatch):

@@ -303,6 +303,11 @@ class KernelPlan:
         if wrong is not None:
             raise SpecError("dtype", self.spec.dtype.value, f"{self.family}'s buffer {wrong.name} holds "
                             f"{wrong.dtype.value}")
+        named = {b.name: b for b in self.buffers}
+        for tensor_map in (m for launch in self.launches for m in launch.tensor_maps):
+            if tensor_map.dtype is not named[tensor_map.buffer].dtype:   # TMA would count the wrong bytes
+                raise ValueError(f"{self.family}'s map of {tensor_map.buffer} is of {tensor_map.dtype.value}; the "
+                                 f"buffer holds {named[tensor_map.buffer].dtype.value}")
 
     def compile_arch(self, arch: str) -> str:
         """The architecture to compile for when the target is ``arch``."""

@@ -26,7 +26,7 @@ rounded once for 16-bit outputs: CUTLASS's "parallel" split-K), and with ``clust
 of a thread-block cluster take neighbouring M tiles of a unit, each multicasting its share of B's
 rows to all, and release each stage on every block's "empty" mbarrier.
 
-TF32 operands reach the tensor cores as the float32 bits ``cp.async`` copied: wgmma reads them from
+TF32 operands reach the tensor cores as the float32 bits copied (TMA or cp.async): wgmma reads them from
 shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
 float data do.  Rounding them to nearest would take a pass over every slice in shared memory, as
 many bytes again as the MMAs read; the error bound takes the truncation instead
@@ -42,7 +42,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from codegen import index
+from codegen import index, launch_limits
 from codegen.device import Device, as_device
 from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, TensorMap,
                                    convolution_selftest_context, kernel_name)
@@ -66,12 +66,13 @@ MMA_K_BYTES = 32
 MAX_ACCUMULATORS = 128
 """FP32 accumulators per consumer thread (a warpgroup's 64x256 or 128x128 tile)."""
 MAX_CONSUMERS = 2
-CLUSTER_CHOICES = (1, 2, 4)
-"""CTAs of a cluster sharing B (``cluster_m``): each multicasts 1 / cluster_m of the slice's rows,
-at least 8 (a swizzle atom) on the narrowest tile."""
+CLUSTER_CHOICES = (1, 2)
+"""CTAs of a cluster sharing B (``cluster_m``): each multicasts half the slice's rows. Clusters of 4
+ran correctly, but a grid of 33 of them did not fit the H100 at once (30 did), which ran 45 % slower
+(TC v5): 4 waits for a grid sized by the driver's count of clusters that fit."""
 BLOCK_N_CHOICES = (32, 64, 128, 256)
 """Output-channel tiles: powers of two up to wgmma's largest N (256), from 32 so that the tuner's
-space stays small (the producer copies B in passes of 16 rows; 16 would work too)."""
+space stays small and a cluster block's share of B's rows is a whole 8-row swizzle atom."""
 TUNING_STAGES = (2, 3, 4, 5)
 """Stages the tuner tries: on the prototype 5 ran no faster than 4 with shared tiles; ping-pong's
 smaller tiles gained from 4 to 5 (conv12, 64x256: 455 to 462 TFLOP/s in BF16)."""
@@ -120,6 +121,8 @@ def a_by_tma(spec: ConvSpec) -> bool:
         return False
     try:
         check_im2col_map(spec)
+        terms = im2col_map_terms(index.IndexAlgebra(spec))
+        launch_limits.check_tensor_map("x", terms["dims"], terms["strides"])
     except SpecError:
         return False
     return True
@@ -185,6 +188,10 @@ def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     if tiles.block_k != slice_k(spec):
         raise SpecError("tiles.block_k", tiles.block_k, f"must be {slice_k(spec)} with wgmma ({SLICE_BYTES}-byte "
                         "slice rows, the width of the swizzle the MMA descriptors read)")
+    m_tiles = -(-gemm_sizes(index.IndexAlgebra(spec))[0] // tiles.block_m)
+    if tiles.cluster_m > m_tiles:
+        raise SpecError("tiles.cluster_m", tiles.cluster_m, f"must be at most the {m_tiles} M tile(s) of "
+                        f"{tiles.block_m} rows (a cluster's blocks take neighbouring M tiles)")
     needed = shared_bytes(spec, tiles)
     if needed > device.shared_per_block:
         raise SpecError("tiles.stages", tiles.stages, f"gives {needed} bytes of shared memory per block; "
@@ -204,8 +211,8 @@ def _padded_rows(alg: index.IndexAlgebra, tiles) -> int:
 
 
 def _slots(spec: ConvSpec, tiles) -> int:
-    """A pixel's int slots: its origin on each padded axis, or where no axis is padded but the last
-    tile passes M, one saying whether the pixel exists."""
+    """A pixel's int slots: its origin on each padded axis, or where no axis is padded but the tile
+    rows (in whole clusters of tiles) pass M, one saying whether the pixel exists."""
     alg = index.IndexAlgebra(spec)
     return sum(1 for p in spec.padding if p > 0) or (1 if _padded_rows(alg, tiles) != alg.cols else 0)
 
@@ -251,11 +258,11 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     x 512 x 4608) every shape leaves one 16384-element tile's work, and 64x256 ran 462 TFLOP/s in
     BF16 (128x128 437, 64x128 367, shared 64x128 tiles 299; TF32 276, 262, 201, 165). Where tiles
     are many, ping-pong ran conv8 7 % faster in BF16 but conv8 in TF32 and c3d_conv2 and c3d_conv3
-    1-21 % slower, so the consumers share tiles there. Since A came by TMA, 16-bit shared tiles
-    128 channels wide ran slower than ping-pong's 128x128 on every layer tried (TC v5: conv10 389 ->
-    483 TFLOP/s BF16, conv8 425 -> 462, c3d_conv2 577 -> 607, and two unseen layers), so 16-bit
-    takes ping-pong there; narrower tiles and TF32 stayed mixed (conv4 BF16 -6 %, c3d_conv2 TF32
-    -6 %) and keep shared tiles. K is split where the tiles are very few (``_split_k``)."""
+    1-21 % slower, so the consumers share tiles there. With A by TMA, 16-bit shared tiles 128
+    channels wide ran slower than ping-pong's 128x128 on every layer tried (TC v5: conv10 389 -> 483
+    TFLOP/s BF16, conv8 425 -> 462, c3d_conv2 577 -> 607, and two unseen layers), so 16-bit with A
+    by TMA takes ping-pong there; narrower tiles and TF32 stayed mixed (conv4 BF16 -6 %, c3d_conv2
+    TF32 -6 %), and A by cp.async was not measured, so they keep shared tiles. K is split where the tiles are very few (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -277,7 +284,7 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
                                                   * shape[0] * shape[1], -shape[0] * shape[1], -shape[1]))
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
-    elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32:
+    elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32 and a_by_tma(spec):
         fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
     else:

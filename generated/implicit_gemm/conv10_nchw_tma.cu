@@ -53,7 +53,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, un
                  " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
-// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+// The 128-byte tensor map (CUtensorMap, tiled or im2col) the host encodes through the driver; passed by value.
 struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
 static __device__ __forceinline__ void convgen_barrier_init_fence()
 {

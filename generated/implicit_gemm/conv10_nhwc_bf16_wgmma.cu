@@ -56,7 +56,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, un
                  " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
-// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+// The 128-byte tensor map (CUtensorMap, tiled or im2col) the host encodes through the driver; passed by value.
 struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
 static __device__ __forceinline__ void convgen_barrier_init_fence()
 {
@@ -146,7 +146,7 @@ static __device__ __forceinline__ unsigned convgen_round_pair(float low, float h
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 132 persistent blocks take the 676 tiles of 128x128 (tile = block, block + 132, ...; output-channel tiles fastest),
 // each of 18 k-slice(s) of 64 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// One producer warpgroup copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
+// The producer warpgroup's first thread copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
 // its slice of B with one TMA copy (zeros past N and K), into a ring of 5 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 128x128 wait on it, issue m64n128k16 MMAs from shared memory, and release the stage on its "empty" mbarrier;
 // ping-pong: the two consumer warpgroups take alternate tiles whole, one's epilogue under the other's MMAs.
@@ -206,7 +206,7 @@ convgen_implicit_gemm_wgmma_c55ef9ef9e(const __grid_constant__ convgen_tensor_ma
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        // Consumer warpgroup g takes the block's work units of ordinal o = g, g + 2, ... (unit = block + o x grid) whole;
+        // Consumer warpgroup g takes the block's work units of ordinal o = g, g + 2, ... (unit = the block's first + o x its stride) whole;
         // thread (warp q, lane l) holds the MMA fragments of row 16q + l / 4 (+ 8) of each of its 2 64-row block(s).
         const int group = (threadIdx.x - 128) / 128;  // warpgroups of 128 threads
         const int warp = (threadIdx.x / 32) % 4;

@@ -48,7 +48,7 @@ static __device__ __forceinline__ void convgen_barrier_wait(unsigned barrier, un
                  " @!done bra CONVGEN_WAIT_%=;\n}" :: "r"(barrier), "r"(parity) : "memory");
 #endif
 }
-// The 128-byte tensor map (CUtensorMap) the host encodes with cuTensorMapEncodeTiled; passed by value.
+// The 128-byte tensor map (CUtensorMap, tiled or im2col) the host encodes through the driver; passed by value.
 struct __align__(64) convgen_tensor_map { unsigned long long words[16]; };
 static __device__ __forceinline__ void convgen_barrier_init_fence()
 {
@@ -122,7 +122,7 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[32], unsigned lo
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 132 persistent blocks take the 1458 tiles of 256x64 (tile = block, block + 132, ...; output-channel tiles fastest),
 // each of 18 k-slice(s) of 32 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// One producer warpgroup copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
+// The producer warpgroup's first thread copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
 // its slice of B with one TMA copy (zeros past N and K), into a ring of 4 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 128x64 wait on it, issue m64n64k8 MMAs from shared memory, and release the stage on its "empty" mbarrier.
 extern "C" __global__ void __launch_bounds__(384, 1)
