@@ -143,8 +143,7 @@ convgen_implicit_gemm_wgmma_75cfcf4351(const __grid_constant__ convgen_tensor_ma
     const unsigned shared_base = convgen_shared(shared_memory);
     const unsigned a_tiles = shared_base + ((1024u - (shared_base & 1023u)) & 1023u);
     const unsigned b_tiles = a_tiles + 131072u;
-    const unsigned pixels = b_tiles + 65536u;
-    const unsigned full = pixels + 0u;
+    const unsigned full = b_tiles + 65536u;
     const unsigned empty = full + 32u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < 4; ++s) {
