@@ -111,6 +111,9 @@ class Launcher:
         self._recipes: dict[tuple[int, int], LaunchRecipe] = {}
         self._plain_recipes: dict[int, tuple[LaunchRecipe, ...]] = {}
         """Per device, a plain plan's recipes in order: its every call is these launches alone."""
+        self._workspace_recipes: dict[int, tuple[LaunchRecipe, ...]] = {}
+        """Per device, the recipes in order of a plan that is plain but for its workspaces (split-K's
+        partial tiles): its every call is their allocation and these launches."""
         self._encoded_maps: dict[tuple, Any] = {}
         self._constant_addresses: dict[tuple[int, str], int] = {}
         named = {b.name: b for b in plan.buffers}
@@ -118,9 +121,11 @@ class Launcher:
         self._constants = tuple((symbol, self._index[name], buffer_bytes(named[name])) for symbol, name in plan.constants)
         self._steps = None if plan.chunks > 1 else tuple(plan.schedule)
         """A one-chunk plan's steps, kept; a chunked plan's are made as they run (there may be many)."""
-        self._plain = (self._steps is not None and not (self._workspaces or self._zeroed or self._constants)
-                       and not any(isinstance(step, BlasGemm) for step in self._steps))
+        launches_only = (self._steps is not None and not (self._zeroed or self._constants)
+                         and not any(isinstance(step, BlasGemm) for step in self._steps))
+        self._plain = launches_only and not self._workspaces
         """One chunk of kernel launches on the call's buffers alone: a model's common case."""
+        self._workspaces_only = launches_only and bool(self._workspaces)
 
     def function(self, device_id: int, name: str):
         """The CuPy ``Function`` of kernel ``name``, its module loaded on ``device_id`` once."""
@@ -137,15 +142,24 @@ class Launcher:
         """Run the plan on ``pointers`` (the device address of each call buffer, in call order)
         on the stream whose handle is ``stream``, on ``device_id``, which must be current."""
         recipes = self._plain_recipes.get(device_id)
+        if recipes is not None:
+            for recipe in recipes:
+                recipe.launch(pointers, stream, self._tensor_map)
+            return
+        recipes = self._workspace_recipes.get(device_id)
         if recipes is None:
             self._run_steps(device_id, pointers, stream, allocate)
             return
+        kept = [allocate(buffer, device_id) for buffer in self._workspaces]
+        pointers = [*pointers, *(pointer for _, pointer in kept)]
         for recipe in recipes:
             recipe.launch(pointers, stream, self._tensor_map)
+        del kept   # the memory returns to the allocator's pool, stream-ordered after these launches
 
     def _run_steps(self, device_id: int, pointers: Sequence[int], stream: int, allocate: Allocate) -> None:
-        """A plain plan's first call on a device (its recipes kept for the next), or any call of
-        a plan with workspaces, a zeroed output, constants, cuBLAS steps or batch chunks."""
+        """A plain plan's first call on a device (its recipes kept for the next), a first call of a
+        plan plain but for its workspaces (its recipes kept too), or any call of a plan with a zeroed
+        output, constants, cuBLAS steps or batch chunks."""
         if self._plain:
             recipes = tuple(self._recipe(device_id, step) for step in self._steps)
             for recipe in recipes:
@@ -167,6 +181,8 @@ class Launcher:
                 blas_gemm(step, dict(zip(self._index, pointers)), stream)
             else:
                 self._recipe(device_id, step).launch(pointers, stream, self._tensor_map)
+        if self._workspaces_only:
+            self._workspace_recipes[device_id] = tuple(self._recipe(device_id, step) for step in self._steps)
         del kept   # the memory returns to the allocator's pool, stream-ordered after these launches
 
     def _recipe(self, device_id: int, step: Launch) -> LaunchRecipe:

@@ -124,6 +124,22 @@ def test_a_memoised_map_outlives_the_launcher_s_cache_being_cleared(monkeypatch)
     assert driver.launches == expected_launches(kernel_plan, dict(zip(launcher.call_names, pointers)))
 
 
+def test_a_plan_plain_but_for_its_workspaces_keeps_its_recipes(monkeypatch):
+    """Split-K's calls after the first allocate the partial tiles and launch the kept recipes, on a
+    fresh workspace each call, without walking the plan's steps again."""
+    kernel_plan = plan("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 3}, target="h100")
+    driver = Driver(kernel_plan, monkeypatch)
+    launcher = launch.Launcher(kernel_plan, b"")
+    pointers = [0x10_0000 + 0x1_0000 * i for i in range(len(launcher.call_names))]
+    launcher.run(0, pointers, STREAM, lambda buffer, device_id: (None, 0x9_0000))
+    monkeypatch.setattr(launcher, "_run_steps", None)   # a second walk would fail to call
+    for workspace in (0xA_0000, 0xB_0000):
+        driver.launches.clear()
+        launcher.run(0, pointers, STREAM, lambda buffer, device_id: (None, workspace))
+        assert driver.launches == expected_launches(kernel_plan, {**dict(zip(launcher.call_names, pointers)),
+                                                                  "partials": workspace})
+
+
 def test_threads_pack_their_parameters_in_memory_of_their_own(monkeypatch):
     kernel_plan = plan("implicit_gemm", NCHW, target="h100")
     Driver(kernel_plan, monkeypatch)
