@@ -89,7 +89,8 @@ class LaunchRecipe:
         if self.tensor_maps:
             mapped = tuple([pointers[index] for _, index in self.tensor_maps])
             if mapped != block.mapped:
-                block.maps = [encode_map(tensor_map, pointer) for (tensor_map, _), pointer in zip(self.tensor_maps, mapped)]
+                block.maps = [encode_map(tensor_map, pointer)
+                              for (tensor_map, _), pointer in zip(self.tensor_maps, mapped)]
                 block.addresses[:len(block.maps)] = [ctypes.addressof(m) for m in block.maps]
                 block.mapped = mapped
         launch_kernel(*self.driver_arguments, stream, block.address, 0)

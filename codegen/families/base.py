@@ -47,9 +47,10 @@ class Buffer:
 @dataclass(frozen=True)
 class TensorMap:
     """A TMA tensor map of a buffer, passed by value before the buffer arguments: the tensor of
-    ``dtype`` elements (TMA moves their bits: it only needs their size), ``dims`` of them (innermost first) with byte ``strides`` for every dimension but the
-    innermost, read in boxes of ``box`` elements; elements outside the tensor read as zero.  The
-    map holds the buffer's address, so the launcher encodes one per buffer address.
+    ``dtype`` elements (TMA moves their bits: it only needs their size), ``dims`` of them
+    (innermost first) with byte ``strides`` for every dimension but the innermost, read in boxes
+    of ``box`` elements; elements outside the tensor read as zero.  The map holds the buffer's
+    address, so the launcher encodes one per buffer address.
 
     ``swizzle`` (0 or 128 bytes) permutes the 16-byte chunks of each 128-byte shared-memory row
     (chunk j of row r lands at j ^ (r % 8)), so that reads down a column spread over the banks.

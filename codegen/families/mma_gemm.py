@@ -121,7 +121,8 @@ class MmaTiles(Tiles):
                   minimum=1, maximum=16),
         TileParam("cluster_m", "with wgmma: CTAs of a thread-block cluster on neighbouring M tiles that share each "
                   "filter slice, one TMA copy of it multicast into all of them (CUTLASS's and cuDNN's cluster "
-                  "multicast): the filter is read from L2 once per cluster rather than once per tile", choices=(1, 2, 4)),
+                  "multicast): the filter is read from L2 once per cluster rather than once per tile",
+                  choices=wgmma_gemm.CLUSTER_CHOICES),
     )
     wgmma: bool = False
     pingpong: bool = False

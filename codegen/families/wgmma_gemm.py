@@ -26,9 +26,9 @@ rounded once for 16-bit outputs: CUTLASS's "parallel" split-K), and with ``clust
 of a thread-block cluster take neighbouring M tiles of a unit, each multicasting its share of B's
 rows to all, and release each stage on every block's "empty" mbarrier.
 
-TF32 operands reach the tensor cores as the float32 bits copied (TMA or cp.async): wgmma reads them from
-shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32 kernels on
-float data do.  Rounding them to nearest would take a pass over every slice in shared memory, as
+TF32 operands reach the tensor cores as the float32 bits copied (TMA or cp.async): wgmma reads
+them from shared memory and drops the low 13 mantissa bits (truncation), as CUTLASS's sm_90 TF32
+kernels on float data do.  Rounding them to nearest would take a pass over every slice in shared memory, as
 many bytes again as the MMAs read; the error bound takes the truncation instead
 (``KernelPlan.tf32_truncated``).
 
@@ -262,7 +262,8 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     channels wide ran slower than ping-pong's 128x128 on every layer tried (TC v5: conv10 389 -> 483
     TFLOP/s BF16, conv8 425 -> 462, c3d_conv2 577 -> 607, and two unseen layers), so 16-bit with A
     by TMA takes ping-pong there; narrower tiles and TF32 stayed mixed (conv4 BF16 -6 %, c3d_conv2
-    TF32 -6 %), and A by cp.async was not measured, so they keep shared tiles. K is split where the tiles are very few (``_split_k``)."""
+    TF32 -6 %), and A by cp.async was not measured, so they keep shared tiles. K is split where the
+    tiles are very few (``_split_k``)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -570,7 +571,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
         k_per_split=k_per_split, a_tma=a_tma, im2col_rank=spec.dims + 2, origin=im2col["origin"],
-        tap_offsets=im2col["tap_offsets"], c_chunks=spec.c // tiles.block_k, cluster_m=cluster, b_box_rows=tiles.block_n // cluster, m_tiles=m_tiles,
+        tap_offsets=im2col["tap_offsets"], c_chunks=spec.c // tiles.block_k, cluster_m=cluster,
+        b_box_rows=tiles.block_n // cluster, m_tiles=m_tiles,
         units_total=units_total, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
