@@ -161,11 +161,10 @@ class Launcher:
         """A plain plan's first call on a device (its recipes kept for the next), a first call of a
         plan plain but for its workspaces (its recipes kept too), or any call of a plan with a zeroed
         output, constants, cuBLAS steps or batch chunks."""
-        if self._plain:
-            recipes = tuple(self._recipe(device_id, step) for step in self._steps)
-            for recipe in recipes:
-                recipe.launch(pointers, stream, self._tensor_map)
-            self._plain_recipes[device_id] = recipes
+        if self._plain or self._workspaces_only:
+            recipes = self._plain_recipes if self._plain else self._workspace_recipes
+            recipes[device_id] = tuple(self._recipe(device_id, step) for step in self._steps)
+            self.run(device_id, pointers, stream, allocate)
             return
         from cupy.cuda import runtime
 
@@ -182,8 +181,6 @@ class Launcher:
                 blas_gemm(step, dict(zip(self._index, pointers)), stream)
             else:
                 self._recipe(device_id, step).launch(pointers, stream, self._tensor_map)
-        if self._workspaces_only:
-            self._workspace_recipes[device_id] = tuple(self._recipe(device_id, step) for step in self._steps)
         del kept   # the memory returns to the allocator's pool, stream-ordered after these launches
 
     def _recipe(self, device_id: int, step: Launch) -> LaunchRecipe:

@@ -26,7 +26,7 @@ class Driver:
     """``cuLaunchKernel``'s stand-in: each launch's kernel, stream and parameter values, read back
     through the address array it is handed, when it is handed it."""
 
-    def __init__(self, kernel_plan, monkeypatch):
+    def __init__(self, kernel_plan, monkeypatch, stub_maps: bool = True):
         self.kernels = sorted({step.kernel for step in kernel_plan.launches})
         self.counts = {step.kernel: len(step.tensor_maps) + len(kernel_plan.launch_args(step))
                        for step in kernel_plan.launches}
@@ -36,7 +36,8 @@ class Driver:
         monkeypatch.setattr(launch.Launcher, "function",
                             lambda _, device_id, name: SimpleNamespace(ptr=self.kernels.index(name) + 1))
         monkeypatch.setattr(launch.Launcher, "_opt_in_shared", staticmethod(lambda *arguments: None))
-        monkeypatch.setattr(launch.Launcher, "_tensor_map", lambda _, tensor_map, pointer: self.encode(pointer))
+        if stub_maps:
+            monkeypatch.setattr(launch.Launcher, "_tensor_map", lambda _, tensor_map, pointer: self.encode(pointer))
 
     def encode(self, pointer: int) -> ctypes.c_uint64:
         self.encoded.append(pointer)
@@ -106,13 +107,8 @@ def test_a_memoised_map_outlives_the_launcher_s_cache_being_cleared(monkeypatch)
     """The encoded-map cache empties itself at MAX_ENCODED_MAPS; a thread's last maps stay alive and
     are still the ones its next launch on the same buffers hands the driver."""
     kernel_plan = plan("implicit_gemm", NHWC_BF16, {"wgmma": True, "split_k": 1}, target="h100")
-    driver = Driver(kernel_plan, monkeypatch)
-    monkeypatch.undo()   # the real map cache this time, over a stand-in encoder
-    monkeypatch.setattr(launch, "launch_kernel", driver.launch)
-    monkeypatch.setattr(launch.Launcher, "function",
-                        lambda _, device_id, name: SimpleNamespace(ptr=driver.kernels.index(name) + 1))
-    monkeypatch.setattr(launch.Launcher, "_opt_in_shared", staticmethod(lambda *arguments: None))
-    monkeypatch.setattr("codegen.tma.encode", lambda tensor_map, pointer: ctypes.c_uint64(MAP_MARK | pointer))
+    driver = Driver(kernel_plan, monkeypatch, stub_maps=False)   # the real map cache, over a stand-in encoder
+    monkeypatch.setattr("codegen.tma.encode", lambda tensor_map, pointer: driver.encode(pointer))
     launcher = launch.Launcher(kernel_plan, b"")
     pointers = [0x10_0000 + 0x1_0000 * i for i in range(len(launcher.call_names))]
     launcher.run(0, pointers, STREAM, None)

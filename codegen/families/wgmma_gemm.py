@@ -39,6 +39,7 @@ hold them for the 16 rows a thread copies.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,10 +114,13 @@ def covers(spec: ConvSpec) -> bool:
     return precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
 
 
+@functools.lru_cache(maxsize=4096)
 def a_by_tma(spec: ConvSpec) -> bool:
     """A's slices through TMA's im2col mode, one copy a slice (CUTLASS's and cuDNN's sm_90 implicit
     GEMM): where each k-slice is channels of one tap (C a multiple of the slice) and the map can
-    encode the spec's strides and padding; else the producer warpgroup's cp.async copies."""
+    encode the spec's strides and padding; else the producer warpgroup's cp.async copies. Kept per
+    spec: the map's symbolic terms cost about half a millisecond, and the sizing of shared memory
+    asks for every tile the heuristic and the tuner weigh."""
     if spec.c % slice_k(spec):
         return False
     try:
@@ -540,12 +544,12 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         x_map = TensorMap("x", im2col["dims"], im2col["strides"], (tiles.block_k, tiles.block_m), swizzle=SLICE_BYTES,
                           corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"],
                           dtype=spec.dtype)
-        main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=(output,),
-                      tensor_maps=(w_map, x_map), persistent=True)
+        maps, args = (w_map, x_map), (output,)
     else:
         im2col = {"origin": [], "tap_offsets": []}
-        main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=("x", output),
-                      tensor_maps=(w_map,), persistent=True)
+        maps, args = (w_map,), ("x", output)
+    main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=args, tensor_maps=maps,
+                  persistent=True)
     if splits > 1:
         launches = (main, Launch(name + "_reduce", (-(-gemm_m * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
                                  (REDUCE_THREADS, 1, 1), args=("partials", "y")))
