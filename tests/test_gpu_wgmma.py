@@ -172,6 +172,12 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                               (256, 128, 128, 4)),
     "tf32-odd-k": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=37, input_size=(13, 11), filter_size=(3, 5),
                             padding=(1, 2), dtype="float32", math="tf32"), None),
+    # 16-byte epilogue stores: a quad's transposed 16-bit pairs, FP32 pairs swapped; rows past M, groups past N
+    "quad-stores-m-n-tails": (ConvSpec(dims=2, layout="NHWC", n=3, c=24, k=40, input_size=(17, 23), filter_size=3,
+                                       stride=2, padding=1, dtype="float16"), (128, 64, 64, 3)),
+    "pair-stores-tf32-m-n-tails": (ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=44, input_size=(17, 23),
+                                            filter_size=3, stride=2, padding=1, dpitch=24, dtype="float32",
+                                            math="tf32"), (128, 64, 64, 3, True)),
     # clusters sharing B: 3 M tiles in clusters of 2 (the last cluster's second tile wholly past M), 3 channel tiles
     "cluster-2-tile-past-m-n-k-tails": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                                  filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
@@ -262,6 +268,23 @@ def test_tf32_operands_are_truncated_as_the_plan_says():
     assert kernel.plan.variant == "wgmma" and kernel.plan.tf32_truncated
     x, w = (cupy.full(shape, 1 + 3 * 2.0**-12, dtype=cupy.float32) for shape in ((1, 8, 8, 16), (32, 1, 1, 16)))
     assert (cupy.asnumpy(kernel(x, w)) == 16.0).all()
+
+
+def test_an_output_off_the_16_byte_stores_alignment_is_refused():
+    """The 16-byte epilogue stores need y 16-byte aligned: a view 8 bytes in is refused at launch, not stored
+    misaligned."""
+    import cupy
+
+    from codegen.api import LaunchError
+
+    spec = ODD_CASES["quad-stores-m-n-tails"][0]
+    kernel = build("implicit_gemm", spec, _odd_tiles(spec, ODD_CASES["quad-stores-m-n-tails"][1]))
+    assert kernel.plan.context.vector_store == "quad"
+    x, w = (cupy.asarray(a) for a in _inputs(spec, seed=5))
+    shape = kernel.plan.output.shape
+    y = cupy.empty(int(np.prod(shape)) + 4, dtype=cupy.float16)[4:].reshape(shape)
+    with pytest.raises(LaunchError, match="aligned"):
+        kernel(x, w, out=y)
 
 
 def test_build_runs_the_wgmma_kernel_on_the_h100():

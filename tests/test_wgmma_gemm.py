@@ -311,6 +311,24 @@ def test_tf32_source_reads_float32_bits_with_k8_mmas_and_stores_floats():
     assert truncated.operand == 2 * rounded.operand == 2.0**-10 and truncated.product > 1.9 * rounded.product
 
 
+@pytest.mark.parametrize("name, split_k, mode, stored, y_alignment", [
+    ("3d-ndhwc", 1, "quad", "uint4", 16),               # bf16, K 40: a quad's four pairs transposed
+    ("3d-ndhwc-tf32", 1, "pair", "float4", 16),         # FP32 sums, K 40: pairs swapped between lanes 1 apart
+    ("3d-ndhwc", 2, "pair", "float4", 4),               # split-K's FP32 partials; the reduction stores pairs in y
+    ("2d-nhwc-odd", 1, "", "unsigned short*>(out + j * 8)", 2),  # K 75: rows 150 bytes apart, the MMA layout
+    ("2d-nhwc-tf32-odd", 1, "", "out[j * 8]", 4),
+])
+def test_epilogue_stores_16_bytes_a_lane_where_every_output_row_is_aligned(name, split_k, mode, stored, y_alignment):
+    spec = SPECS[name]
+    plan = FAMILY.plan(spec, _tiles(spec, 128, 64, 64, 3, split_k=split_k), H100)
+    code = render_kernels(plan).code
+    assert plan.context.vector_store == mode and stored in code
+    assert ("__shfl_xor_sync" in code) == bool(mode)
+    alignments = {buffer.name: buffer.alignment for buffer in plan.buffers}
+    assert alignments["y"] == y_alignment and alignments.get("partials", 16) == 16
+    _compiles_clean(spec, plan.tiles)
+
+
 def test_chooser_takes_wgmma_on_sm_90_and_mma_sync_elsewhere():
     covered = SPECS["2d-nhwc-odd"]
     for spec in (covered, replace(covered, dtype="float32", math="tf32"), SPECS["2d-nhwc-tf32-odd"]):

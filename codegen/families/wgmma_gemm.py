@@ -507,12 +507,24 @@ class WgmmaContext(ConvolutionContext):
     pixel_flag: bool
     """No padded axis to check but a tile past M: the table's first slot says whether the pixel exists."""
     pair_store: bool
+    vector_store: str
+    """How the epilogue stores 16 bytes a lane: "quad" (16-bit outputs: a quad's 4x4 transpose of its pairs),
+    "pair" (FP32 outputs and partials: lanes 1 apart swap pairs), or "" (K too odd: the MMA layout's pairs)."""
     reduce_threads: int
     reduce_width: int
     """Elements a thread of the split-K reduction sums: a channel pair where the output channels are
     even, else one."""
     partial_index_type: str
     """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
+
+
+def _vector_store(gemm_n: int, stores_float: bool) -> str:
+    """16-byte epilogue stores where every row of the output is 16-byte aligned (ncu on conv8 BF16: the MMA layout's
+    4-byte stores filled half of each 32-byte sector they touched, and the epilogue held 37 % of the warps' stall
+    samples; CUTLASS's and cuDNN's epilogues store 16 bytes a lane)."""
+    if gemm_n % (CHUNK_BYTES // (4 if stores_float else 2)):
+        return ""
+    return "pair" if stores_float else "quad"
 
 
 def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
@@ -532,6 +544,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
+    vector_store = _vector_store(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32)
     reduce_width = 2 if pair_store else 1
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
@@ -580,15 +593,17 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         units_total=units_total, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
-        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, reduce_threads=REDUCE_THREADS,
-        reduce_width=reduce_width,
+        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, vector_store=vector_store,
+        reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if splits * gemm_m * gemm_n > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
-               Buffer("y", alg.output_shape, "out", itemsize * reduce_width, spec.dtype))
+               Buffer("y", alg.output_shape, "out",
+                      CHUNK_BYTES if vector_store and splits == 1 else itemsize * reduce_width, spec.dtype))
     if splits > 1:
-        buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace", 4 * reduce_width),)
+        buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace",
+                           CHUNK_BYTES if vector_store else 4 * reduce_width),)
     return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True,
                       tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
