@@ -162,10 +162,28 @@ def test_plan_needs_sm80_and_types_its_buffers():
     kernel_plan = FAMILY.plan(spec, heuristic_tiles(spec))
     assert kernel_plan.min_arch == 80 and kernel_plan.template == "implicit_gemm_mma.cu.j2"
     assert [(b.name, b.dtype) for b in kernel_plan.buffers] == [(n, DType.bfloat16) for n in ("x", "w", "y")]
-    assert [b.alignment for b in kernel_plan.buffers] == [16, 16, 4]   # 16-byte copies; pairs of channels stored
+    assert [b.alignment for b in kernel_plan.buffers] == [16, 16, 16]   # 16-byte copies and epilogue stores
     with pytest.raises(SpecError) as error:
         check_arch(kernel_plan, "sm_75")
     assert error.value.field == "arch"
+
+
+@pytest.mark.parametrize("name, dtype, math_mode, warp_n, mode", [
+    ("2d-nhwc-vector", "bfloat16", "fma", 32, "quad"),     # K 40: a quad's four pairs transposed, a group past N
+    ("2d-nhwc-vector", "float32", "3xtf32", 16, "pair"),  # FP32 sums: pairs swapped between lanes 1 apart
+    ("2d-nhwc-vector", "float16", "fma", 16, ""),          # a warp 16 channels wide: no whole group of 32
+    ("2d-nchw-c3", "float16", "fma", 32, ""),              # channels-first: a channel's pixels are not a lane's
+    ("3d-ndhwc-odd-pitch", "float32", "tf32", 32, ""),     # K 17: rows 68 bytes apart
+])
+def test_epilogue_stores_16_bytes_a_lane_where_rows_and_the_warp_allow(name, dtype, math_mode, warp_n, mode, cache_dir):
+    spec = _mode(SPECS[name], dtype, math_mode)
+    tiles = MmaTiles(**dict(heuristic_tiles(spec).to_dict(), block_n=32, warp_n=warp_n))
+    kernel_plan = FAMILY.plan(spec, tiles)
+    code = render_kernels(kernel_plan).code
+    assert kernel_plan.context.vector_store == mode
+    assert ("__shfl_xor_sync" in code) == bool(mode) and ("uint4" in code) == (mode == "quad")
+    assert kernel_plan.output.alignment == (16 if mode else spec.dtype.itemsize * (1 + kernel_plan.context.pair_store))
+    _compiles_clean(spec, tiles, "sm_80")
 
 
 @pytest.mark.parametrize("name, dtype, vector, m_fastest", [

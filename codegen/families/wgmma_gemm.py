@@ -45,6 +45,7 @@ from typing import Any
 
 from codegen import index, launch_limits
 from codegen.device import Device, as_device
+from codegen.families import epilogue
 from codegen.families.base import (Buffer, ConvolutionContext, KernelPlan, Launch, TensorMap,
                                    convolution_selftest_context, kernel_name)
 from codegen.families.gemm_tiles import check_im2col_map, k_split
@@ -518,15 +519,6 @@ class WgmmaContext(ConvolutionContext):
     """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
 
 
-def _vector_store(gemm_n: int, stores_float: bool) -> str:
-    """16-byte epilogue stores where every row of the output is 16-byte aligned (ncu on conv8 BF16: the MMA layout's
-    4-byte stores filled half of each 32-byte sector they touched, and the epilogue held 37 % of the warps' stall
-    samples; CUTLASS's and cuDNN's epilogues store 16 bytes a lane)."""
-    if gemm_n % (CHUNK_BYTES // (4 if stores_float else 2)):
-        return ""
-    return "pair" if stores_float else "quad"
-
-
 def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
     """The persistent WGMMA kernel of ``spec`` with ``tiles`` on ``device`` (its SM count sizes the grid)."""
     device = as_device(device)
@@ -544,7 +536,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
-    vector_store = _vector_store(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32)
+    vector_store = epilogue.vector_store(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32,
+                                         span=tiles.block_n)
     reduce_width = 2 if pair_store else 1
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.

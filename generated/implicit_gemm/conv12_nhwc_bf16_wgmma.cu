@@ -13,7 +13,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv12_nhwc_bf16_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream)
 // takes device pointers to C-contiguous bfloat16 (__nv_bfloat16 of cuda_bf16.h) arrays of the shapes above
-// (y 4-byte, x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (x, w, y 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: bfloat16 x, w and y; BF16 products on tensor cores (exact in FP32), accumulated in FP32, rounded to bfloat16 once; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 4608 products a sum, e_mul = 0, e_acc = 2^-23, P = 1, u_out = 2^-8, eta_out = 2^-134)
@@ -147,6 +147,34 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[128], unsigned l
                    "+f"(acc[112]), "+f"(acc[113]), "+f"(acc[114]), "+f"(acc[115]), "+f"(acc[116]), "+f"(acc[117]), "+f"(acc[118]), "+f"(acc[119]),
                    "+f"(acc[120]), "+f"(acc[121]), "+f"(acc[122]), "+f"(acc[123]), "+f"(acc[124]), "+f"(acc[125]), "+f"(acc[126]), "+f"(acc[127])
                  : "l"(a), "l"(b), "r"((int)accumulate));
+}
+
+// A quad of lanes (one output row) holds words[i] = its channel pair of column group i (a pair a lane, from the MMA's
+// layout); after this 4x4 transpose across the quad, lane q holds the four pairs of group q, 8 channels in order, for
+// one 16-byte store. Two exchanges: lanes 2 apart swap their off-diagonal 2x2 blocks, then lanes 1 apart their
+// off-diagonal words.
+static __device__ __forceinline__ void convgen_quad_transpose(unsigned (&words)[4], int quad_lane)
+{
+    const bool high = quad_lane & 2;
+    unsigned first = __shfl_xor_sync(0xffffffffu, high ? words[0] : words[2], 2);
+    unsigned second = __shfl_xor_sync(0xffffffffu, high ? words[1] : words[3], 2);
+    if (high) {
+        words[0] = first;
+        words[1] = second;
+    } else {
+        words[2] = first;
+        words[3] = second;
+    }
+    const bool odd = quad_lane & 1;
+    first = __shfl_xor_sync(0xffffffffu, odd ? words[0] : words[1], 1);
+    second = __shfl_xor_sync(0xffffffffu, odd ? words[2] : words[3], 1);
+    if (odd) {
+        words[0] = first;
+        words[2] = second;
+    } else {
+        words[1] = first;
+        words[3] = second;
+    }
 }
 
 // Two FP32 sums rounded to bfloat16 (to nearest even) in one 32-bit word, the first in the low half.
@@ -286,7 +314,11 @@ convgen_implicit_gemm_wgmma_afb93abccd(const __grid_constant__ convgen_tensor_ma
             // output pixels (512 channels each), channel pairs stored together.
             const idx_t m_tile = ((idx_t)(tile / 2)) * 64;
             const int n_tile = (tile % 2) * 256;
-            const int oc0 = n_tile + 2 * (lane % 4);
+            // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a
+            // quad 64 contiguous bytes: stored as the MMA leaves them, each 4-byte store would fill half of the 32-byte sectors
+            // it touches.
+            const int quad_lane = lane % 4;
+            const int oc0 = n_tile + 8 * quad_lane;
 #pragma unroll
             for (int mb = 0; mb < 1; ++mb) {
 #pragma unroll
@@ -294,8 +326,14 @@ convgen_implicit_gemm_wgmma_afb93abccd(const __grid_constant__ convgen_tensor_ma
                     const idx_t m_index = m_tile + mb * 64 + warp * 16 + h * 8 + lane / 4;
                     convgen_element* const out = y + m_index * 512 + oc0;
 #pragma unroll
-                    for (int j = 0; j < 32; ++j) {
-                        *reinterpret_cast<unsigned*>(out + j * 8) = convgen_round_pair(acc[mb][4 * j + 2 * h], acc[mb][4 * j + 2 * h + 1]);
+                    for (int g = 0; g < 8; ++g) {
+                        unsigned words[4];
+#pragma unroll
+                        for (int word = 0; word < 4; ++word)
+                            words[word] = convgen_round_pair(acc[mb][4 * (4 * g + word) + 2 * h], acc[mb][4 * (4 * g + word) + 2 * h + 1]);
+                        convgen_quad_transpose(words, quad_lane);
+                        const uint4 value = make_uint4(words[0], words[1], words[2], words[3]);
+                        *reinterpret_cast<uint4*>(out + 32 * g) = value;
                     }
                 }
             }
@@ -368,7 +406,7 @@ extern "C" cudaError_t convgen_implicit_gemm_conv12_nhwc_bf16_wgmma(const __nv_b
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
-    if (reinterpret_cast<unsigned long long>(y) % 4) return cudaErrorInvalidValue;  // vector accesses: y must be 4-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     convgen_tensor_map w_map;
     {
         const cuuint64_t dims[] = {4608, 512};

@@ -13,7 +13,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_conv6_nhwc_tf32_wgmma(const float* x, const float* w, float* y, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
-// (y 8-byte, x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (x, w, y 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: float32 x, w and y; TF32 products on tensor cores (each operand's float32 bits read as TF32: the low 13 mantissa bits dropped, toward zero), accumulated in FP32; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 2304 products a sum, e_mul = 2^-9 + 2^-20, e_acc = 2^-23, P = 1, u_out = 0, eta_out = 0)
@@ -141,6 +141,16 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[128], unsigned l
                  : "l"(a), "l"(b), "r"((int)accumulate));
 }
 
+// Lanes 1 apart of a quad (one output row) hold the FP32 pairs of column groups 2g and 2g + 1 at the same columns; after
+// the swap the even lane holds group 2g's four columns from its own, the odd lane group 2g + 1's: one 16-byte store each.
+static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group, float2 odd_group, int quad_lane)
+{
+    const bool odd = quad_lane & 1;
+    const float2 sent = odd ? even_group : odd_group;
+    const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, sent.x, 1), __shfl_xor_sync(0xffffffffu, sent.y, 1));
+    return odd ? make_float4(got.x, got.y, odd_group.x, odd_group.y) : make_float4(even_group.x, even_group.y, got.x, got.y);
+}
+
 // Implicit GEMM y[12800 x 512] = A[12800 x 2304] * B[512 x 2304]^T on Hopper's warpgroup MMA (TF32 operands, FP32
 // accumulators stored as they are). A(m, k) is the input pixel that output pixel m reads for column
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
@@ -255,7 +265,10 @@ convgen_implicit_gemm_wgmma_1df469243c(const __grid_constant__ convgen_tensor_ma
             // output pixels (512 channels each), channel pairs stored together.
             const idx_t m_tile = ((idx_t)(tile / 2)) * 128;
             const int n_tile = (tile % 2) * 256;
-            const int oc0 = n_tile + 2 * (lane % 4);
+            // Lanes 1 apart swap pairs so that a lane stores 4 channels with one 16-byte store and a quad 64
+            // contiguous bytes: half the stores of the MMA's 8-byte pairs.
+            const int quad_lane = lane % 4;
+            const int oc0 = n_tile + 8 * (quad_lane & 1) + 2 * (quad_lane & 2);
 #pragma unroll
             for (int mb = 0; mb < 1; ++mb) {
 #pragma unroll
@@ -263,8 +276,10 @@ convgen_implicit_gemm_wgmma_1df469243c(const __grid_constant__ convgen_tensor_ma
                     const idx_t m_index = m_tile + group * 64 + mb * 64 + warp * 16 + h * 8 + lane / 4;
                     convgen_element* const out = y + m_index * 512 + oc0;
 #pragma unroll
-                    for (int j = 0; j < 32; ++j) {
-                        *reinterpret_cast<float2*>(out + j * 8) = make_float2(acc[mb][4 * j + 2 * h], acc[mb][4 * j + 2 * h + 1]);
+                    for (int g = 0; g < 16; ++g) {
+                        const float4 value = convgen_pair_exchange(make_float2(acc[mb][4 * (2 * g) + 2 * h], acc[mb][4 * (2 * g) + 2 * h + 1]),
+                                                                   make_float2(acc[mb][4 * (2 * g + 1) + 2 * h], acc[mb][4 * (2 * g + 1) + 2 * h + 1]), quad_lane);
+                        *reinterpret_cast<float4*>(out + 16 * g) = value;
                     }
                 }
             }
@@ -337,7 +352,7 @@ extern "C" cudaError_t convgen_implicit_gemm_conv6_nhwc_tf32_wgmma(const float* 
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
-    if (reinterpret_cast<unsigned long long>(y) % 8) return cudaErrorInvalidValue;  // vector accesses: y must be 8-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     convgen_tensor_map w_map;
     {
         const cuuint64_t dims[] = {2304, 512};

@@ -12,7 +12,7 @@
 //   add -O3 -DCONVGEN_BENCH to the self-test build to also time the launcher once it passes
 // Host API: convgen_implicit_gemm_conv7_nhwc_tf32(const float* x, const float* w, float* y, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
-// (y 8-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (y 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: float32 x, w and y; TF32 products on tensor cores (each operand rounded to TF32, 10 mantissa bits, to nearest with ties away), accumulated in FP32; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 27 products a sum, e_mul = 2^-10 + 2^-22, e_acc = 2^-23, P = 1, u_out = 0, eta_out = 0)
@@ -62,6 +62,16 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[4], const unsign
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 { %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
         : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Lanes 1 apart of a quad (one output row) hold the FP32 pairs of column groups 2g and 2g + 1 at the same columns; after
+// the swap the even lane holds group 2g's four columns from its own, the odd lane group 2g + 1's: one 16-byte store each.
+static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group, float2 odd_group, int quad_lane)
+{
+    const bool odd = quad_lane & 1;
+    const float2 sent = odd ? even_group : odd_group;
+    const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, sent.x, 1), __shfl_xor_sync(0xffffffffu, sent.y, 1));
+    return odd ? make_float4(got.x, got.y, odd_group.x, odd_group.y) : make_float4(even_group.x, even_group.y, got.x, got.y);
 }
 // Implicit GEMM y[6308352 x 64] = A[6308352 x 27] * B[64 x 27]^T on tensor cores (TF32), FP32 accumulators.
 // A(m, k) is the image pixel that output pixel m reads for column k (channel, tap), zero in the padding;
@@ -308,7 +318,10 @@ convgen_implicit_gemm_mma_00db8d7862(const convgen_element* __restrict__ x, cons
         next_stage = next_stage == 2 ? 0 : next_stage + 1;
     }
 
-    // Epilogue: each accumulator stored where it lies in y, channel pairs together.
+    // Epilogue: each accumulator stored in y, 16 bytes a lane: lanes 1 apart swap pairs so that a lane holds 4
+    // channels, half the stores of the MMA's 8-byte pairs.
+    const int quad_lane = lane % 4;
+    const int oc0 = n_tile + warp_col + 8 * (quad_lane & 1) + 2 * (quad_lane & 2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -318,11 +331,12 @@ convgen_implicit_gemm_mma_00db8d7862(const convgen_element* __restrict__ x, cons
             const idx_t n = ((col) / 49284);
             const idx_t o0 = ((((col) / 222)) % 222);
             const idx_t o1 = ((col) % 222);
-            const idx_t y_row = 3154176*n + 14208*o0 + 64*o1;
+            convgen_element* const out = y + 3154176*n + 14208*o0 + 64*o1 + oc0;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int oc = n_tile + warp_col + j * 8 + (lane % 4) * 2;
-                *reinterpret_cast<float2*>(y + y_row + oc) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            for (int g = 0; g < 2; ++g) {
+                const float4 value = convgen_pair_exchange(make_float2(acc[i][2 * g][2 * h], acc[i][2 * g][2 * h + 1]),
+                                                           make_float2(acc[i][2 * g + 1][2 * h], acc[i][2 * g + 1][2 * h + 1]), quad_lane);
+                *reinterpret_cast<float4*>(out + 16 * g) = value;
             }
         }
     }
@@ -330,7 +344,7 @@ convgen_implicit_gemm_mma_00db8d7862(const convgen_element* __restrict__ x, cons
 
 extern "C" cudaError_t convgen_implicit_gemm_conv7_nhwc_tf32(const float* x, const float* w, float* y, cudaStream_t stream)
 {
-    if (reinterpret_cast<unsigned long long>(y) % 8) return cudaErrorInvalidValue;  // vector accesses: y must be 8-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     convgen_implicit_gemm_mma_00db8d7862<<<dim3(49284, 1, 1), dim3(128, 1, 1), 46080, stream>>>(x, w, y);
     return cudaGetLastError();
 }

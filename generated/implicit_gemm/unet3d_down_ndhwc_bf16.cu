@@ -12,7 +12,7 @@
 //   add -O3 -DCONVGEN_BENCH to the self-test build to also time the launcher once it passes
 // Host API: convgen_implicit_gemm_unet3d_down_ndhwc_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream)
 // takes device pointers to C-contiguous bfloat16 (__nv_bfloat16 of cuda_bf16.h) arrays of the shapes above
-// (y 4-byte, x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (x, w, y 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: bfloat16 x, w and y; BF16 products on tensor cores (exact in FP32), accumulated in FP32, rounded to bfloat16 once; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 1728 products a sum, e_mul = 0, e_acc = 2^-23, P = 1, u_out = 2^-8, eta_out = 2^-134)
@@ -73,6 +73,34 @@ static __device__ __forceinline__ unsigned convgen_round_pair(float low, float h
     unsigned bits;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(high), "f"(low));
     return bits;
+}
+
+// A quad of lanes (one output row) holds words[i] = its channel pair of column group i (a pair a lane, from the MMA's
+// layout); after this 4x4 transpose across the quad, lane q holds the four pairs of group q, 8 channels in order, for
+// one 16-byte store. Two exchanges: lanes 2 apart swap their off-diagonal 2x2 blocks, then lanes 1 apart their
+// off-diagonal words.
+static __device__ __forceinline__ void convgen_quad_transpose(unsigned (&words)[4], int quad_lane)
+{
+    const bool high = quad_lane & 2;
+    unsigned first = __shfl_xor_sync(0xffffffffu, high ? words[0] : words[2], 2);
+    unsigned second = __shfl_xor_sync(0xffffffffu, high ? words[1] : words[3], 2);
+    if (high) {
+        words[0] = first;
+        words[1] = second;
+    } else {
+        words[2] = first;
+        words[3] = second;
+    }
+    const bool odd = quad_lane & 1;
+    first = __shfl_xor_sync(0xffffffffu, odd ? words[0] : words[1], 1);
+    second = __shfl_xor_sync(0xffffffffu, odd ? words[2] : words[3], 1);
+    if (odd) {
+        words[0] = first;
+        words[2] = second;
+    } else {
+        words[1] = first;
+        words[3] = second;
+    }
 }
 // Implicit GEMM y[8192 x 128] = A[8192 x 1728] * B[128 x 1728]^T on tensor cores (BF16), FP32 accumulators rounded to bfloat16 once at the end.
 // A(m, k) is the image pixel that output pixel m reads for column k (channel, tap), zero in the padding;
@@ -219,7 +247,11 @@ convgen_implicit_gemm_mma_cb1b968128(const convgen_element* __restrict__ x, cons
         next_stage = next_stage == 2 ? 0 : next_stage + 1;
     }
 
-    // Epilogue: each accumulator rounded once to bfloat16 and stored where it lies in y, channel pairs together.
+    // Epilogue: each accumulator rounded once to bfloat16 and stored in y, 16 bytes a lane: each quad of lanes (one row)
+    // transposes its pairs so that a lane holds 8 channels; stored as the MMA leaves them, each 4-byte store would fill
+    // half of the 32-byte sectors it touches.
+    const int quad_lane = lane % 4;
+    const int oc0 = n_tile + warp_col + 8 * quad_lane;
 #pragma unroll
     for (int i = 0; i < 1; ++i) {
 #pragma unroll
@@ -230,11 +262,16 @@ convgen_implicit_gemm_mma_cb1b968128(const convgen_element* __restrict__ x, cons
             const idx_t o0 = ((((col) / 256)) % 16);
             const idx_t o1 = ((((col) / 16)) % 16);
             const idx_t o2 = ((col) % 16);
-            const idx_t y_row = 524288*n + 32768*o0 + 2048*o1 + 128*o2;
+            convgen_element* const out = y + 524288*n + 32768*o0 + 2048*o1 + 128*o2 + oc0;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int oc = n_tile + warp_col + j * 8 + (lane % 4) * 2;
-                *reinterpret_cast<unsigned*>(y + y_row + oc) = convgen_round_pair(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            for (int g = 0; g < 2; ++g) {
+                unsigned words[4];
+#pragma unroll
+                for (int word = 0; word < 4; ++word)
+                    words[word] = convgen_round_pair(acc[i][4 * g + word][2 * h], acc[i][4 * g + word][2 * h + 1]);
+                convgen_quad_transpose(words, quad_lane);
+                const uint4 value = make_uint4(words[0], words[1], words[2], words[3]);
+                *reinterpret_cast<uint4*>(out + 32 * g) = value;
             }
         }
     }
@@ -244,7 +281,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_down_ndhwc_bf16(const __nv_b
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
-    if (reinterpret_cast<unsigned long long>(y) % 4) return cudaErrorInvalidValue;  // vector accesses: y must be 4-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     convgen_implicit_gemm_mma_cb1b968128<<<dim3(256, 1, 1), dim3(128, 1, 1), 38400, stream>>>(x, w, y);
     return cudaGetLastError();
 }

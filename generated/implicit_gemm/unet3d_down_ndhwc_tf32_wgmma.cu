@@ -13,7 +13,7 @@
 // (setmaxnreg is an sm_90a instruction: -arch=sm_90a would also build a portable compute_90 PTX, which fails)
 // Host API: convgen_implicit_gemm_unet3d_down_ndhwc_tf32_wgmma(const float* x, const float* w, float* y, cudaStream_t stream)
 // takes device pointers to C-contiguous float32 arrays of the shapes above
-// (y 8-byte, x, w 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
+// (x, w, y 16-byte aligned, as cudaMalloc returns; otherwise cudaErrorInvalidValue) and returns the first
 // CUDA error met (launch errors only; execution errors surface at the next synchronisation).
 // Precision: float32 x, w and y; TF32 products on tensor cores (each operand's float32 bits read as TF32: the low 13 mantissa bits dropped, toward zero), accumulated in FP32; each output y is within E + u_out (|y*| + E) + eta_out of the exact sum y* of the stored inputs' products, E = (e_mul + e_acc P L) S, S the sum of the products' magnitudes
 //   (codegen/precision.py's error model, which the self-test holds every compared output to: L = 1728 products a sum, e_mul = 2^-9 + 2^-20, e_acc = 2^-23, P = 1, u_out = 0, eta_out = 0)
@@ -123,6 +123,16 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[64], unsigned lo
                    "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]),
                    "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63])
                  : "l"(a), "l"(b), "r"((int)accumulate));
+}
+
+// Lanes 1 apart of a quad (one output row) hold the FP32 pairs of column groups 2g and 2g + 1 at the same columns; after
+// the swap the even lane holds group 2g's four columns from its own, the odd lane group 2g + 1's: one 16-byte store each.
+static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group, float2 odd_group, int quad_lane)
+{
+    const bool odd = quad_lane & 1;
+    const float2 sent = odd ? even_group : odd_group;
+    const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, sent.x, 1), __shfl_xor_sync(0xffffffffu, sent.y, 1));
+    return odd ? make_float4(got.x, got.y, odd_group.x, odd_group.y) : make_float4(even_group.x, even_group.y, got.x, got.y);
 }
 
 // Implicit GEMM y[8192 x 128] = A[8192 x 1728] * B[128 x 1728]^T on Hopper's warpgroup MMA (TF32 operands, FP32
@@ -253,7 +263,10 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const __grid_constant__ convgen_tensor_ma
             // Epilogue: each sum stored from registers; channels-last output rows are
             // output pixels (128 channels each), channel pairs stored together.
             const idx_t m_tile = ((idx_t)tile) * 64;
-            const int oc0 = 2 * (lane % 4);
+            // Lanes 1 apart swap pairs so that a lane stores 4 channels with one 16-byte store and a quad 64
+            // contiguous bytes: half the stores of the MMA's 8-byte pairs.
+            const int quad_lane = lane % 4;
+            const int oc0 = 8 * (quad_lane & 1) + 2 * (quad_lane & 2);
 #pragma unroll
             for (int mb = 0; mb < 1; ++mb) {
 #pragma unroll
@@ -261,8 +274,10 @@ convgen_implicit_gemm_wgmma_f1d8b8a901(const __grid_constant__ convgen_tensor_ma
                     const idx_t m_index = m_tile + mb * 64 + warp * 16 + h * 8 + lane / 4;
                     convgen_element* const out = y + m_index * 128 + oc0;
 #pragma unroll
-                    for (int j = 0; j < 16; ++j) {
-                        *reinterpret_cast<float2*>(out + j * 8) = make_float2(acc[mb][4 * j + 2 * h], acc[mb][4 * j + 2 * h + 1]);
+                    for (int g = 0; g < 8; ++g) {
+                        const float4 value = convgen_pair_exchange(make_float2(acc[mb][4 * (2 * g) + 2 * h], acc[mb][4 * (2 * g) + 2 * h + 1]),
+                                                                   make_float2(acc[mb][4 * (2 * g + 1) + 2 * h], acc[mb][4 * (2 * g + 1) + 2 * h + 1]), quad_lane);
+                        *reinterpret_cast<float4*>(out + 16 * g) = value;
                     }
                 }
             }
@@ -335,7 +350,7 @@ extern "C" cudaError_t convgen_implicit_gemm_unet3d_down_ndhwc_tf32_wgmma(const 
 {
     if (reinterpret_cast<unsigned long long>(x) % 16) return cudaErrorInvalidValue;  // vector accesses: x must be 16-byte aligned
     if (reinterpret_cast<unsigned long long>(w) % 16) return cudaErrorInvalidValue;  // vector accesses: w must be 16-byte aligned
-    if (reinterpret_cast<unsigned long long>(y) % 8) return cudaErrorInvalidValue;  // vector accesses: y must be 8-byte aligned
+    if (reinterpret_cast<unsigned long long>(y) % 16) return cudaErrorInvalidValue;  // vector accesses: y must be 16-byte aligned
     convgen_tensor_map w_map;
     {
         const cuuint64_t dims[] = {1728, 128};

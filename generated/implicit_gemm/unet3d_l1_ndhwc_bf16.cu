@@ -218,7 +218,6 @@ convgen_implicit_gemm_mma_74fa4dc74e(const convgen_element* __restrict__ x, cons
         stage = stage == 2 ? 0 : stage + 1;
         next_stage = next_stage == 2 ? 0 : next_stage + 1;
     }
-
     // Epilogue: each accumulator rounded once to bfloat16 and stored where it lies in y, channel pairs together.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
