@@ -1,5 +1,6 @@
 """implicit_gemm's WGMMA kernel (codegen.families.wgmma_gemm) without a GPU: the chooser, the tiles and
 their refusals, NVRTC compiles for sm_90a (no warning, no spill), and the standalone file."""
+import dataclasses
 import shutil
 import subprocess
 
@@ -119,6 +120,27 @@ def test_heuristic_takes_pingpong_where_shared_tiles_would_leave_one_consumer():
                          dtype="bfloat16")
     tiles = FAMILY.heuristic_tiles(c3d_conv3, H100)
     assert (tiles.block_m, tiles.block_n, tiles.pingpong) == (128, 256, False)
+
+
+def test_heuristic_takes_pingpong_128_where_it_fills_the_sms_rounds_of_work_much_better():
+    """conv11's 144 tiles of 128x256 leave the second round on 132 SMs 12 tiles: ping-pong's 288 of
+    128x128 fill 1.33x the share, in both precisions. conv5's 400 (1.14x) and conv6's 200 (1.0x)
+    keep their shared tiles; so do tiles narrower than 128, and any tile on a card where the shared
+    ones fill the rounds (144 SMs: conv11's 144 tiles in one)."""
+    conv11 = ConvSpec(dims=2, layout="NHWC", n=128, c=256, k=256, input_size=(14, 14), filter_size=3, dtype="bfloat16")
+    for spec in (conv11, replace(conv11, dtype="float32", math="tf32")):
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+        assert (tiles.block_m, tiles.block_n, tiles.warp_m, tiles.pingpong) == (128, 128, 128, True)
+    wide_card = dataclasses.replace(H100, sm_count=144)
+    assert not FAMILY.heuristic_tiles(conv11, wide_card).pingpong
+    conv5 = ConvSpec(dims=2, layout="NHWC", n=128, c=96, k=256, input_size=(24, 24), filter_size=5, dtype="bfloat16")
+    conv6 = ConvSpec(dims=2, layout="NHWC", n=128, c=256, k=512, input_size=(12, 12), filter_size=3, dtype="bfloat16")
+    for spec in (conv5, conv6):
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+        assert (tiles.block_m, tiles.block_n, tiles.pingpong) == (128, 256, False)
+    narrow = ConvSpec(dims=2, layout="NHWC", n=4, c=64, k=12, input_size=(128, 128), filter_size=3, padding=1,
+                      dtype="bfloat16")   # 256 tiles of 256x32 on 132 SMs: 0.97 of two rounds
+    assert not FAMILY.heuristic_tiles(narrow, H100).pingpong
 
 
 def test_requested_rows_leave_pingpong_off_unless_asked_for():

@@ -80,6 +80,12 @@ TUNING_STAGES = (2, 3, 4, 5)
 smaller tiles gained from 4 to 5 (conv12, 64x256: 455 to 462 TFLOP/s in BF16)."""
 PINGPONG_WIDTH = 128
 """16-bit shared tiles of this many channels run as ping-pong's 128-row tiles (``heuristic_fields``)."""
+WAVE_GAIN = 1.25
+"""Shared tiles 128 channels wide or more give way to ping-pong's 128x128 where those fill the SMs' rounds
+of work by this much more (``_wave_share``). H100: conv11 (144 tiles of 128x256 on 132 SMs, 1.33x the share)
+ran 435 -> 552 TFLOP/s BF16 and 217 -> 274 TF32; unseen g_alexnet_c2 (1.29x) 498 -> 511 and 276 -> 365;
+conv5 (1.14x, left as it was) 529 -> 508 BF16, 309 -> 350 TF32. Narrower tiles lost as ping-pong's 128x32
+(g_sr_64_12_b4: -6 % BF16, -10 % TF32), as they did before (docs/perf-history.md, TC v5)."""
 PINGPONG_STAGES = 5
 """Ping-pong's stages: 5 against 4 ran conv8's 128x128 tiles 5 % faster in both precisions and
 conv12's 64x256 2-4 % faster (conv12's 128x128 1 % slower in BF16); 6 ran no faster than 5."""
@@ -268,7 +274,9 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     TFLOP/s BF16, conv8 425 -> 462, c3d_conv2 577 -> 607, and two unseen layers), so 16-bit with A
     by TMA takes ping-pong there; narrower tiles and TF32 stayed mixed (conv4 BF16 -6 %, c3d_conv2
     TF32 -6 %), and A by cp.async was not measured, so they keep shared tiles. K is split where the
-    tiles are very few (``_split_k``)."""
+    tiles are very few (``_split_k``). Shared tiles 128 channels wide or more whose last round of
+    work leaves many SMs idle take ping-pong's 128x128 where that fills the rounds ``WAVE_GAIN``
+    times better (conv11)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -293,10 +301,21 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32 and a_by_tma(spec):
         fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
+    elif (block_n >= PINGPONG_WIDTH
+          and _wave_share(_tile_count(gemm_m, gemm_n, 2 * MMA_ROWS, PINGPONG_WIDTH), device.sm_count)
+          >= WAVE_GAIN * _wave_share(_tile_count(gemm_m, gemm_n, block_m, block_n), device.sm_count)):
+        fields = {"block_m": 2 * MMA_ROWS, "block_n": PINGPONG_WIDTH, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
+                  "warp_n": PINGPONG_WIDTH, "wgmma": True, "pingpong": True}
     else:
         fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m // MAX_CONSUMERS,
                   "warp_n": block_n, "wgmma": True}
     return _fitted(spec, fields, device)
+
+
+def _wave_share(tiles: int, sm_count: int) -> float:
+    """The share of the SMs' rounds of work that the tiles fill: a last wave of 12 tiles on 132 SMs
+    costs a whole round (CUTLASS and cuBLAS weigh this wave quantisation when they pick a tile)."""
+    return tiles / (-(-tiles // sm_count) * sm_count)
 
 
 def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> dict[str, Any]:
