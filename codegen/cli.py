@@ -290,7 +290,8 @@ def cmd_fuzz(args) -> int:
         if report.checked == 0:
             raise Fail(f"no spec was checked: {args.family} refused every spec drawn; pin the fields its "
                        f"refusals name (spec flags such as --layout, --stride, --dpitch) or change --tile")
-        short = f" (only {report.checked}: the rest were refused)" if report.checked < args.examples else ""
+        short = (f" (only {report.checked}: the rest were refused; pin the fields the refusals name, such as --c, to "
+                 f"search where the kernel runs)" if report.checked < args.examples else "")
         print(f"no failing spec in {report.checked} checked{short}; seed {report.seed} repeats this search")
         return 0
     spec, mismatch = report.failure

@@ -243,6 +243,21 @@ def test_fuzz_counts_refused_specs_apart_and_checks_the_tma_plan_on_the_cpu(caps
     assert first.failure is None and first.checked == 6 and not first.refused
 
 
+def test_fuzz_that_checked_fewer_specs_than_asked_says_which_flags_would_search_further(monkeypatch, capsys):
+    """Tiles that refuse most draws (wgmma=true takes C a multiple of 8) leave Hypothesis few specs:
+    the report says so and how to pin the fields the refusals name."""
+    from collections import Counter
+
+    from codegen import fuzz
+
+    refused = Counter({"tiles.wgmma: takes channels-last float16, bfloat16, or float32 with math tf32": 613})
+    monkeypatch.setattr(fuzz, "fuzz", lambda *args, **kwargs: fuzz.FuzzReport(checked=5, refused=refused, seed=7))
+    assert main(["fuzz", "implicit_gemm", "--examples", "40", "--dtype", "bf16", "--tile", "wgmma=true"]) == 0
+    out = capsys.readouterr().out
+    assert "613 drawn specs, commonest: 613 x tiles.wgmma" in out
+    assert "no failing spec in 5 checked (only 5: the rest were refused; pin the fields the refusals name" in out
+
+
 def test_fuzz_finds_a_planted_error_in_the_tma_plan_without_a_gpu(monkeypatch):
     """The CPU check of tma=True goes through maps.tma_gemm_by_terms: an error planted there (the
     last output channel wrong from K = 3 on) is found and shrunk to K = 3."""
