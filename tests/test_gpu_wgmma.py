@@ -279,7 +279,7 @@ def test_an_output_off_the_16_byte_stores_alignment_is_refused():
 
     spec = ODD_CASES["quad-stores-m-n-tails"][0]
     kernel = build("implicit_gemm", spec, _odd_tiles(spec, ODD_CASES["quad-stores-m-n-tails"][1]))
-    assert kernel.plan.context.vector_store == "quad"
+    assert kernel.plan.context.store_mode == "quad"
     x, w = (cupy.asarray(a) for a in _inputs(spec, seed=5))
     shape = kernel.plan.output.shape
     y = cupy.empty(int(np.prod(shape)) + 4, dtype=cupy.float16)[4:].reshape(shape)

@@ -180,7 +180,7 @@ def test_epilogue_stores_16_bytes_a_lane_where_rows_and_the_warp_allow(name, dty
     tiles = MmaTiles(**dict(heuristic_tiles(spec).to_dict(), block_n=32, warp_n=warp_n))
     kernel_plan = FAMILY.plan(spec, tiles)
     code = render_kernels(kernel_plan).code
-    assert kernel_plan.context.vector_store == mode
+    assert kernel_plan.context.store_mode == mode
     assert ("__shfl_xor_sync" in code) == bool(mode) and ("uint4" in code) == (mode == "quad")
     assert kernel_plan.output.alignment == (16 if mode else spec.dtype.itemsize * (1 + kernel_plan.context.pair_store))
     _compiles_clean(spec, tiles, "sm_80")

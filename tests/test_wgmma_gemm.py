@@ -138,6 +138,8 @@ def test_heuristic_takes_pingpong_128_where_it_fills_the_sms_rounds_of_work_much
     for spec in (conv5, conv6):
         tiles = FAMILY.heuristic_tiles(spec, H100)
         assert (tiles.block_m, tiles.block_n, tiles.pingpong) == (128, 256, False)
+    widened = wgmma_gemm.complete_fields(conv11, {"wgmma": True, "block_n": 256}, H100)   # as before the rule
+    assert (widened["block_m"], widened["warp_m"], widened["pingpong"]) == (128, 64, False)
     narrow = ConvSpec(dims=2, layout="NHWC", n=4, c=64, k=12, input_size=(128, 128), filter_size=3, padding=1,
                       dtype="bfloat16")   # 256 tiles of 256x32 on 132 SMs: 0.97 of two rounds
     assert not FAMILY.heuristic_tiles(narrow, H100).pingpong
@@ -344,11 +346,22 @@ def test_epilogue_stores_16_bytes_a_lane_where_every_output_row_is_aligned(name,
     spec = SPECS[name]
     plan = FAMILY.plan(spec, _tiles(spec, 128, 64, 64, 3, split_k=split_k), H100)
     code = render_kernels(plan).code
-    assert plan.context.vector_store == mode and stored in code
+    assert plan.context.store_mode == mode and stored in code
     assert ("__shfl_xor_sync" in code) == bool(mode)
     alignments = {buffer.name: buffer.alignment for buffer in plan.buffers}
     assert alignments["y"] == y_alignment and alignments.get("partials", 16) == 16
     _compiles_clean(spec, plan.tiles)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(*shape, True) for shape in PINGPONG_SHAPES], ids=str)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_16_byte_stores_compile_without_spills_on_every_tile_shape(shape, dtype, cache_dir):
+    """The exchanges hold a group's words in registers next to the accumulators: the widest tiles
+    must still fit."""
+    spec = replace(SPECS["2d-nhwc-conv8"], k=256, dtype=dtype, math="tf32" if dtype == "float32" else "fma")
+    tiles = _tiles(spec, *shape)
+    assert FAMILY.plan(spec, tiles, H100).context.store_mode == ("pair" if dtype == "float32" else "quad")
+    _compiles_clean(spec, tiles)
 
 
 def test_chooser_takes_wgmma_on_sm_90_and_mma_sync_elsewhere():

@@ -14,7 +14,12 @@ PAIR_CHANNELS = 16
 """Channels a quad's FP32 stores cover: two column groups of 8, two lanes each."""
 
 
-def vector_store(gemm_n: int, stores_float: bool, span: int, channels_last: bool = True) -> str:
+def group_channels(mode: str) -> int:
+    """Channels of a row that one group of a quad's 16-byte stores covers (0 without them)."""
+    return {"quad": QUAD_CHANNELS, "pair": PAIR_CHANNELS}.get(mode, 0)
+
+
+def store_mode(gemm_n: int, stores_float: bool, span: int, channels_last: bool) -> str:
     """"quad" (16-bit outputs: the quad's 4x4 transpose of its pairs), "pair" (FP32 outputs or partial sums:
     lanes 1 apart swap pairs), or "" (stored as the MMA leaves them) where an output row is not 16-byte
     aligned (K times the element's bytes), the tile's `span` of channels a warp stores is not whole groups,

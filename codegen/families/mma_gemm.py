@@ -440,9 +440,12 @@ class MmaContext(ConvolutionContext):
     y_base: str
     y_oc_stride: int
     pair_store: bool
-    vector_store: str
-    """The epilogue's 16-byte stores (codegen.families.epilogue): "quad", "pair" or ""."""
     """Adjacent output channels are adjacent in y and K is even: the epilogue stores pairs."""
+    store_mode: str
+    """The epilogue's 16-byte stores (codegen.families.epilogue): "quad", "pair" or "" (pairs or single
+    elements as the MMA leaves them)."""
+    store_group: int
+    """Channels of a row one group of a quad's 16-byte stores covers (``epilogue.group_channels``)."""
 
 
 class TensorCoreGemm(Family):
@@ -521,7 +524,7 @@ class TensorCoreGemm(Family):
         pitch = shared_pitch(spec, tiles)
         itemsize = spec.dtype.itemsize
         pair_store = terms["y_oc_stride"] == 1 and gemm_n % 2 == 0
-        vector_store = epilogue.vector_store(gemm_n, stores_float=spec.dtype is DType.float32, span=tiles.warp_n,
+        store_mode = epilogue.store_mode(gemm_n, stores_float=spec.dtype is DType.float32, span=tiles.warp_n,
                                              channels_last=terms["y_oc_stride"] == 1)
         context = MmaContext(
             **index.template_context(alg, max(launch.threads, m_tiles * tiles.block_m), column_matrix=False),
@@ -535,12 +538,12 @@ class TensorCoreGemm(Family):
             k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, m_tail=gemm_m % tiles.block_m != 0,
             n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0, **loads,
             **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked", "y_base", "y_oc_stride")},
-            pair_store=pair_store, vector_store=vector_store,
+            pair_store=pair_store, store_mode=store_mode, store_group=epilogue.group_channels(store_mode),
         )
         buffers = (Buffer("x", alg.image_shape, "in", loads["a_load"].copy_bytes, spec.dtype),
                    Buffer("w", alg.filter_shape, "in", loads["b_load"].copy_bytes, spec.dtype),
                    Buffer("y", alg.output_shape, "out",
-                          epilogue.STORE_BYTES if vector_store else itemsize * (2 if pair_store else 1), spec.dtype))
+                          epilogue.STORE_BYTES if store_mode else itemsize * (2 if pair_store else 1), spec.dtype))
         return KernelPlan(self.name, VARIANT, spec, tiles, buffers, (launch,), context, min_arch=80, tensor_cores=True,
                           min_arch_reason="mma.sync on TF32 and bfloat16, ldmatrix and cp.async; float32 with "
                           "math fma runs on older targets", template=self.template)

@@ -276,7 +276,7 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     TF32 -6 %), and A by cp.async was not measured, so they keep shared tiles. K is split where the
     tiles are very few (``_split_k``). Shared tiles 128 channels wide or more whose last round of
     work leaves many SMs idle take ping-pong's 128x128 where that fills the rounds ``WAVE_GAIN``
-    times better (conv11)."""
+    times better, with A by TMA or by cp.async (conv11, TMA; unseen g_alexnet_c2, cp.async)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -373,7 +373,8 @@ def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int) -> dict[str
 def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None = None) -> dict[str, Any]:
     """The WGMMA tiles a user asked for, the rest from the heuristic fitted to them: a consumer
     warpgroup spans block_n; with pingpong (the heuristic's unless block_m or warp_m is asked for
-    without it) it takes whole tiles of 64 or 128 rows, else half of block_m from 128 rows up;
+    without it, or its rows cannot span the block_n asked for) it takes whole tiles of 64 or 128
+    rows, else half of block_m from 128 rows up;
     stages and split_k not asked for are chosen again for the completed tile, as the heuristic
     chooses them."""
     device = as_device(device)
@@ -386,12 +387,16 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     if fields["pingpong"] is True:
         rows = next((r for r in (block_m, warp_m) if isinstance(r, int)),
                     base["block_m"] if base.get("pingpong") else base["warp_m"])
-        if rows not in (MMA_ROWS, 2 * MMA_ROWS):
+        if "pingpong" not in requested and rows * fields["warp_n"] > WARPGROUP * MAX_ACCUMULATORS:
+            fields["pingpong"] = False   # the heuristic's rows cannot span the width asked for: shared tiles
+        elif rows not in (MMA_ROWS, 2 * MMA_ROWS):
             raise SpecError("tiles.block_m", rows, f"must be {MMA_ROWS} or {2 * MMA_ROWS} with pingpong: each consumer "
                             "warpgroup takes whole tiles of block_m = warp_m rows")
-        fields["block_m"] = fields["warp_m"] = rows
-    elif isinstance(block_m, int) and not isinstance(warp_m, int):
-        fields["warp_m"] = block_m // (MAX_CONSUMERS if block_m >= 2 * MMA_ROWS else 1)
+        else:
+            fields["block_m"] = fields["warp_m"] = rows
+    if fields["pingpong"] is not True and not isinstance(warp_m, int):
+        rows = block_m if isinstance(block_m, int) else fields["block_m"]
+        fields["warp_m"] = rows // (MAX_CONSUMERS if rows >= 2 * MMA_ROWS else 1)
     fields.update(requested)
     if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
         return fields   # MmaTiles refuses the field, naming it
@@ -527,9 +532,11 @@ class WgmmaContext(ConvolutionContext):
     pixel_flag: bool
     """No padded axis to check but a tile past M: the table's first slot says whether the pixel exists."""
     pair_store: bool
-    vector_store: str
+    store_mode: str
     """How the epilogue stores 16 bytes a lane: "quad" (16-bit outputs: a quad's 4x4 transpose of its pairs),
     "pair" (FP32 outputs and partials: lanes 1 apart swap pairs), or "" (K too odd: the MMA layout's pairs)."""
+    store_group: int
+    """Channels of a row one group of a quad's 16-byte stores covers (``epilogue.group_channels``)."""
     reduce_threads: int
     reduce_width: int
     """Elements a thread of the split-K reduction sums: a channel pair where the output channels are
@@ -555,8 +562,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
-    vector_store = epilogue.vector_store(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32,
-                                         span=tiles.block_n)
+    store_mode = epilogue.store_mode(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32,
+                                     span=tiles.block_n, channels_last=True)
     reduce_width = 2 if pair_store else 1
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
@@ -605,17 +612,18 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         units_total=units_total, grid_blocks=grid_blocks,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
-        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, vector_store=vector_store,
+        pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, store_mode=store_mode,
+        store_group=epilogue.group_channels(store_mode),
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if splits * gemm_m * gemm_n > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("y", alg.output_shape, "out",
-                      CHUNK_BYTES if vector_store and splits == 1 else itemsize * reduce_width, spec.dtype))
+                      epilogue.STORE_BYTES if store_mode and splits == 1 else itemsize * reduce_width, spec.dtype))
     if splits > 1:
         buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace",
-                           CHUNK_BYTES if vector_store else 4 * reduce_width),)
+                           epilogue.STORE_BYTES if store_mode else 4 * reduce_width),)
     return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True,
                       tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "

@@ -125,8 +125,9 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[64], unsigned lo
                  : "l"(a), "l"(b), "r"((int)accumulate));
 }
 
-// Lanes 1 apart of a quad (one output row) hold the FP32 pairs of column groups 2g and 2g + 1 at the same columns; after
-// the swap the even lane holds group 2g's four columns from its own, the odd lane group 2g + 1's: one 16-byte store each.
+// Lanes 1 apart of a quad (one output row) hold FP32 pairs at the same columns of column groups 2g and 2g + 1: the even
+// lane sends its pair of group 2g + 1 and takes its partner's of group 2g, so that it holds four adjacent columns of
+// group 2g and its partner four of group 2g + 1, one 16-byte store each.
 static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group, float2 odd_group, int quad_lane)
 {
     const bool odd = quad_lane & 1;
@@ -246,12 +247,12 @@ convgen_implicit_gemm_wgmma_c72042f400(const __grid_constant__ convgen_tensor_ma
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
 
             // Epilogue: each sum stored from registers; channels-last output rows are
-            // output pixels (128 channels each), channel pairs stored together.
+            // output pixels (128 channels each).
             const idx_t m_tile = ((idx_t)tile) * 256;
             // Lanes 1 apart swap pairs so that a lane stores 4 channels with one 16-byte store and a quad 64
             // contiguous bytes: half the stores of the MMA's 8-byte pairs.
             const int quad_lane = lane % 4;
-            const int oc0 = 8 * (quad_lane & 1) + 2 * (quad_lane & 2);
+            const int oc0 = 8 * (quad_lane & 1) + 4 * (quad_lane >> 1);
 #pragma unroll
             for (int mb = 0; mb < 2; ++mb) {
 #pragma unroll

@@ -296,7 +296,7 @@ convgen_implicit_gemm_wgmma_e426f7c506(const __grid_constant__ convgen_tensor_ma
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
-            // output pixels (256 channels each), channel pairs stored together.
+            // output pixels (256 channels each).
             const idx_t m_tile = ((idx_t)tile) * 128;
             // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a
             // quad 64 contiguous bytes: stored as the MMA leaves them, each 4-byte store would fill half of the 32-byte sectors

@@ -295,7 +295,7 @@ convgen_implicit_gemm_wgmma_946aa6d5a1(const __grid_constant__ convgen_tensor_ma
             if (unit + unit_stride < 288) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
-            // output pixels (256 channels each), channel pairs stored together.
+            // output pixels (256 channels each).
             const idx_t m_tile = ((idx_t)(tile / 2)) * 128;
             const int n_tile = (tile % 2) * 128;
             // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a

@@ -311,7 +311,7 @@ convgen_implicit_gemm_wgmma_afb93abccd(const __grid_constant__ convgen_tensor_ma
             if (unit + unit_stride < 100) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
-            // output pixels (512 channels each), channel pairs stored together.
+            // output pixels (512 channels each).
             const idx_t m_tile = ((idx_t)(tile / 2)) * 64;
             const int n_tile = (tile % 2) * 256;
             // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a

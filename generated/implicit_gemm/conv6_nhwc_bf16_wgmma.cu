@@ -296,7 +296,7 @@ convgen_implicit_gemm_wgmma_0f649e11de(const __grid_constant__ convgen_tensor_ma
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
-            // output pixels (512 channels each), channel pairs stored together.
+            // output pixels (512 channels each).
             const idx_t m_tile = ((idx_t)(tile / 2)) * 128;
             const int n_tile = (tile % 2) * 256;
             // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a

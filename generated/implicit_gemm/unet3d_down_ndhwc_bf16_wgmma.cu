@@ -295,7 +295,7 @@ convgen_implicit_gemm_wgmma_01754bca3b(const __grid_constant__ convgen_tensor_ma
             if (unit + unit_stride < 128) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
 
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
-            // output pixels (128 channels each), channel pairs stored together.
+            // output pixels (128 channels each).
             const idx_t m_tile = ((idx_t)tile) * 64;
             // Each quad of lanes (one row) transposes its pairs so that a lane stores 8 channels with one 16-byte store and a
             // quad 64 contiguous bytes: stored as the MMA leaves them, each 4-byte store would fill half of the 32-byte sectors

@@ -65,8 +65,9 @@ static __device__ __forceinline__ void convgen_mma(float (&acc)[4], const unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Lanes 1 apart of a quad (one output row) hold the FP32 pairs of column groups 2g and 2g + 1 at the same columns; after
-// the swap the even lane holds group 2g's four columns from its own, the odd lane group 2g + 1's: one 16-byte store each.
+// Lanes 1 apart of a quad (one output row) hold FP32 pairs at the same columns of column groups 2g and 2g + 1: the even
+// lane sends its pair of group 2g + 1 and takes its partner's of group 2g, so that it holds four adjacent columns of
+// group 2g and its partner four of group 2g + 1, one 16-byte store each.
 static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group, float2 odd_group, int quad_lane)
 {
     const bool odd = quad_lane & 1;
@@ -227,7 +228,7 @@ convgen_implicit_gemm_mma_7f06d55cc8(const convgen_element* __restrict__ x, cons
     // Epilogue: each accumulator stored in y, 16 bytes a lane: lanes 1 apart swap pairs so that a lane holds 4
     // channels, half the stores of the MMA's 8-byte pairs.
     const int quad_lane = lane % 4;
-    const int oc0 = n_tile + warp_col + 8 * (quad_lane & 1) + 2 * (quad_lane & 2);
+    const int oc0 = n_tile + warp_col + 8 * (quad_lane & 1) + 4 * (quad_lane >> 1);
 #pragma unroll
     for (int i = 0; i < 1; ++i) {
 #pragma unroll
