@@ -24,8 +24,7 @@ def store_mode(gemm_n: int, stores_float: bool, span: int, channels_last: bool) 
     lanes 1 apart swap pairs), or "" (stored as the MMA leaves them) where an output row is not 16-byte
     aligned (K times the element's bytes), the tile's `span` of channels a warp stores is not whole groups,
     or channels are not contiguous."""
-    itemsize = 4 if stores_float else 2
-    group = PAIR_CHANNELS if stores_float else QUAD_CHANNELS
-    if not channels_last or gemm_n % (STORE_BYTES // itemsize) or span % group:
+    mode, itemsize = ("pair", 4) if stores_float else ("quad", 2)
+    if not channels_last or gemm_n % (STORE_BYTES // itemsize) or span % group_channels(mode):
         return ""
-    return "pair" if stores_float else "quad"
+    return mode
