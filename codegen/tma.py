@@ -18,8 +18,8 @@ DATA_TYPES = {DType.float32: 7, DType.float16: 6, DType.bfloat16: 9}
 INTERLEAVE_NONE, L2_PROMOTION_128B, FILL_ZEROS = 0, 2, 0
 """CUtensorMapInterleave, CUtensorMapL2promotion and CUtensorMapFloatOOBfill values (cuda.h) of the
 maps convgen encodes."""
-SWIZZLE = {0: 0, 128: 3}
-"""CUtensorMapSwizzle value of each swizzle width in bytes (NONE, 128B)."""
+SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+"""CUtensorMapSwizzle value of each swizzle width in bytes (NONE, 32B, 64B, 128B)."""
 
 
 @functools.cache

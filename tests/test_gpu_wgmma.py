@@ -95,8 +95,10 @@ def covered_specs(draw) -> ConvSpec:
 @st.composite
 def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
     """Valid WGMMA tiles of every shape: one or two consumer warpgroups of 64 or 128 rows sharing
-    each tile, or two taking alternate tiles (ping-pong), each block_n, 2-6 stages, split-K into
-    up to 7 ranges, and clusters of 1, 2 or 4 blocks sharing the filter's slices."""
+    each tile, or two taking alternate tiles (ping-pong), each block_n, slices of 128, 64 or 32
+    bytes, 2-6 stages (or as many 128-byte slices' worth of narrower ones), split-K into up to 7
+    ranges, and clusters of 1 or 2 blocks sharing the filter's slices."""
+    width = draw(st.sampled_from(wgmma_gemm.SLICE_CHOICES))
     warp_m = draw(st.sampled_from((64, 128)))
     block_n = draw(st.sampled_from(wgmma_gemm.BLOCK_N_CHOICES))
     pingpong = draw(st.booleans())
@@ -104,8 +106,9 @@ def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
     cluster_m = draw(st.sampled_from(wgmma_gemm.CLUSTER_CHOICES))
     try:
         tiles = MmaTiles(block_m=warp_m * (1 if pingpong else draw(st.sampled_from((1, 2)))), block_n=block_n,
-                         block_k=wgmma_gemm.slice_k(spec), warp_m=warp_m, warp_n=block_n,
-                         stages=draw(st.sampled_from((2, 3, 4, 5, 6))), wgmma=True, pingpong=pingpong,
+                         block_k=wgmma_gemm.slice_k(spec, width), warp_m=warp_m, warp_n=block_n,
+                         stages=draw(st.sampled_from((2, 3, 4, 5, 6))) * draw(st.sampled_from((1, 128 // width))),
+                         wgmma=True, pingpong=pingpong,
                          split_k=split_k, cluster_m=cluster_m)
         check_tiles(spec, tiles, present())
     except SpecError:
@@ -130,7 +133,8 @@ def test_any_tiles_within_the_error_bound(data, seed):
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
 
-ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k[, cluster_m]]]) or None for the heuristic)
+ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k[, cluster_m[, slice bytes]]]]) or None
+    #             for the heuristic)
     "m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                              filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                              dtype="bfloat16"), (128, 64, 64, 3)),
@@ -204,12 +208,33 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
     "tma-a-3d-tf32-cluster-2-pingpong": (ConvSpec(dims=3, layout="NDHWC", n=2, c=32, k=70, input_size=(5, 9, 11),
                                                   filter_size=3, stride=(1, 2, 1), padding=1, dilation=(2, 1, 1),
                                                   dpitch=36, dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 2)),
+    # 64- and 32-byte slices: A by TMA where C is a multiple of the slice, else by cp.async in the narrower swizzle
+    "narrow-64-tma-c96-pingpong": (ConvSpec(dims=2, layout="NHWC", n=3, c=96, k=75, input_size=(17, 23), filter_size=3,
+                                            stride=2, padding=1, dilation=(1, 2), dpitch=104, dtype="bfloat16"),
+                                   (128, 128, 128, 10, True, 1, 1, 64)),
+    "narrow-32-tma-c48-cluster-2-split-k": (ConvSpec(dims=2, layout="NHWC", n=3, c=48, k=75, input_size=(17, 23),
+                                                     filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=56,
+                                                     dtype="bfloat16"), (64, 64, 64, 8, False, 3, 2, 32)),
+    "narrow-64-tma-tf32-c16-3d": (ConvSpec(dims=3, layout="NDHWC", n=2, c=16, k=70, input_size=(5, 9, 11),
+                                           filter_size=3, stride=(1, 2, 1), padding=1, dpitch=20, dtype="float32",
+                                           math="tf32"), (256, 64, 128, 8, False, 1, 1, 64)),
+    "narrow-32-cp-async-c40": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23), filter_size=3,
+                                        stride=2, padding=1, dilation=(1, 2), dpitch=48, dtype="bfloat16"),
+                               (128, 64, 64, 12, False, 1, 1, 32)),
+    "narrow-64-cp-async-tf32-c20-pingpong": (ConvSpec(dims=2, layout="NHWC", n=3, c=20, k=75, input_size=(17, 23),
+                                                      filter_size=3, stride=2, padding=1, dpitch=24, dtype="float32",
+                                                      math="tf32"), (64, 64, 64, 8, True, 1, 1, 64)),
+    "narrow-heuristic-tf32-c8": (ConvSpec(dims=2, layout="NHWC", n=2, c=8, k=40, input_size=(19, 21), filter_size=5,
+                                          padding=2, dtype="float32", math="tf32"), None),
+    "narrow-heuristic-bf16-c96-3d": (ConvSpec(dims=3, layout="NDHWC", n=2, c=96, k=64, input_size=(6, 10, 12),
+                                              filter_size=3, padding=1, dtype="bfloat16"), None),
 }
 
 
 def _odd_tiles(spec: ConvSpec, shape: tuple) -> MmaTiles:
     """An ODD_CASES tile tuple as WGMMA tiles."""
-    return MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
+    width = shape[7] if len(shape) > 7 else wgmma_gemm.SLICE_CHOICES[0]
+    return MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec, width), warp_m=shape[2],
                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
                     split_k=shape[5] if len(shape) > 5 else 1, cluster_m=shape[6] if len(shape) > 6 else 1)
 
@@ -323,10 +348,13 @@ def test_against_torch_at_the_same_precision(spec, seed):
 
 
 @pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided", "tf32-m-n-k-tails-stride-dilation",
-                                  "tma-a-3d-strided"])
+                                  "tma-a-3d-strided", "narrow-32-tma-c48-cluster-2-split-k"])
 def test_emitted_selftest_passes_on_the_gpu(name, tmp_path):
-    """The standalone file, built with plain nvcc for sm_90a, checks itself against its CPU reference."""
-    path = emit("implicit_gemm", ODD_CASES[name][0], tmp_path / "kernel.cu", target="h100")
+    """The standalone file, built with plain nvcc for sm_90a, checks itself against its CPU reference
+    (the heuristic's tiles; the case's own for narrow slices, whose maps take another swizzle)."""
+    spec, shape = ODD_CASES[name]
+    tiles = _odd_tiles(spec, shape).to_dict() if name.startswith("narrow") else None
+    path = emit("implicit_gemm", spec, tmp_path / "kernel.cu", tiles, target="h100")
     built = subprocess.run(["nvcc", *build_flags(path.read_text()), "-DCONVGEN_SELFTEST", str(path), "-o",
                             str(tmp_path / "selftest")], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr

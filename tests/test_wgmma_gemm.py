@@ -315,8 +315,102 @@ def test_tma_a_and_cluster_kernels_compile_without_warnings_or_spills(shape, nam
     spec = SPECS[name]
     tiles = MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec), warp_m=shape[2],
                      warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=len(shape) > 4, cluster_m=cluster)
-    assert wgmma_gemm.a_by_tma(spec)
+    assert wgmma_gemm.a_by_tma(spec, tiles.block_k)
     _compiles_clean(spec, tiles)
+
+
+NARROW = {  # C a multiple of a 64- or 32-byte slice and not of 128 bytes: A by TMA in the narrower slice
+    "c96-bf16": (replace(SPECS["2d-nhwc-conv8"], c=96, dtype="bfloat16"), 64),
+    "c16-bf16-3d": (SPECS["3d-ndhwc"], 32),
+    "c48-bf16": (replace(SPECS["2d-nhwc-odd"], c=48, dpitch=56), 32),
+    "c16-tf32": (replace(SPECS["2d-nhwc-tf32-tma-a"], c=16, dpitch=20), 64),
+    "c8-tf32-3d": (replace(SPECS["3d-ndhwc-tf32"], c=8), 32),
+}
+CONV5 = ConvSpec(dims=2, layout="NHWC", n=128, c=96, k=256, input_size=(24, 24), filter_size=5, padding=2,
+                 dtype="bfloat16")
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_narrow_slices_take_a_by_tma_in_their_own_swizzle(name):
+    """The widest slice whose channels divide C takes A by TMA, each slice one tap's channels; the
+    descriptors and both maps take that width's swizzle, and the stages and the split of K the
+    heuristic completes are counted in 128-byte slices. C that divides none keeps 128-byte
+    slices by cp.async."""
+    spec, width = NARROW[name]
+    assert wgmma_gemm.tma_slice_bytes(spec) == width
+    tiles = MmaTiles.from_dict(wgmma_gemm.complete_fields(spec, {"wgmma": True, "block_k": wgmma_gemm.slice_k(spec, width)},
+                                                          H100))
+    wide = MmaTiles.from_dict(wgmma_gemm.complete_fields(spec, {"wgmma": True, "block_k": wgmma_gemm.slice_k(spec)}, H100))
+    plan = FAMILY.plan(spec, tiles, H100)
+    assert plan.context.a_tma and not FAMILY.plan(spec, wide, H100).context.a_tma
+    assert tiles.stages == wide.stages * 128 // width and tiles.split_k == wide.split_k
+    assert [m.swizzle for m in plan.launches[0].tensor_maps] == [width, width]
+    assert plan.context.k_steps == width // 32 and plan.context.c_chunks == spec.c // tiles.block_k
+    code = render_kernels(plan).code
+    assert f"({8 * width} >> 4) << 32) | ({wgmma_gemm.SWIZZLE_MODES[width]}ull << 62)" in code
+    assert f"{width}-byte rows" in code and f"in the {width}-byte swizzle" in code
+    for odd in (SPECS["2d-nhwc-odd"], SPECS["2d-nhwc-tf32-odd"], SPECS["3d-ndhwc-unpadded-tail"]):
+        assert wgmma_gemm.tma_slice_bytes(odd) is None and not FAMILY.plan(
+            odd, FAMILY.heuristic_tiles(odd, H100), H100).context.a_tma
+
+
+def test_heuristic_narrows_shared_tiles_to_64_byte_slices_in_clusters_of_2():
+    """C 96 in BF16 (conv5) runs shared 128x256 tiles in 64-byte slices, A by TMA, in clusters of 2;
+    ping-pong tiles, 32-byte slices (C 16) and C that 128-byte slices divide keep 128-byte slices
+    and no cluster, as do completed tiles of ping-pong; completed shared tiles narrow as the
+    heuristic does; asked for block_k or cluster_m, the other is the heuristic's."""
+    tiles = FAMILY.heuristic_tiles(CONV5, H100)
+    assert (tiles.block_m, tiles.block_n, tiles.pingpong) == (128, 256, False)
+    assert (tiles.block_k, tiles.cluster_m, tiles.stages) == (32, 2, 2 * wgmma_gemm.DEFAULT_STAGES)
+    for spec in (replace(CONV5, n=8, c=32, k=96), replace(CONV5, c=16), replace(CONV5, c=128)):
+        other = FAMILY.heuristic_tiles(spec, H100)
+        assert other.block_k == 64 and other.cluster_m == 1, (spec.describe(), other.describe())
+    assert FAMILY.heuristic_tiles(replace(CONV5, n=8, c=32, k=96), H100).pingpong
+    pingpong = wgmma_gemm.complete_fields(CONV5, {"wgmma": True, "pingpong": True, "block_n": 128}, H100)
+    assert (pingpong["block_k"], pingpong.get("cluster_m", 1), pingpong["stages"]) == (64, 1, wgmma_gemm.PINGPONG_STAGES)
+    shared = wgmma_gemm.complete_fields(CONV5, {"wgmma": True, "block_n": 128}, H100)
+    assert (shared["block_k"], shared["cluster_m"]) == (32, 2)
+    kept = wgmma_gemm.complete_fields(CONV5, {"wgmma": True, "cluster_m": 1}, H100)
+    assert (kept["block_k"], kept["cluster_m"], kept["stages"]) == (32, 1, 2 * wgmma_gemm.DEFAULT_STAGES)
+
+
+@pytest.mark.parametrize("width", [64, 32])
+@pytest.mark.parametrize("name", ["2d-nhwc-odd", "c96-bf16", "c16-tf32", "c8-tf32-3d"])
+@pytest.mark.parametrize("shape", [(256, 64, 128, 8), (64, 256, 64, 10, True), (128, 128, 128, 10, True, 3),
+                                   (128, 32, 64, 4, False, 1, 2)],
+                         ids=["256x64", "pingpong-64x256", "pingpong-128x128-split-3", "128x32-cluster-2"])
+def test_narrow_slices_compile_without_warnings_or_spills(shape, name, width, cache_dir):
+    """64- and 32-byte slices with A by TMA (C a multiple of the slice) and by cp.async (C 40 in BF16,
+    C 8 in TF32 in 64-byte slices: chunk j of row r at j ^ (r / 2 % 4), or j ^ (r / 4 % 2) in 32-byte
+    ones), shared and ping-pong tiles, split-K, a cluster."""
+    spec = NARROW[name][0] if name in NARROW else SPECS[name]
+    block_k = wgmma_gemm.slice_k(spec, width)
+    stages = shape[3] * 64 // width
+    tiles = MmaTiles(block_m=shape[0], block_n=shape[1], block_k=block_k, warp_m=shape[2], warp_n=shape[1],
+                     stages=stages, wgmma=True, pingpong=len(shape) > 4 and shape[4],
+                     split_k=shape[5] if len(shape) > 5 else 1, cluster_m=shape[6] if len(shape) > 6 else 1)
+    by_tma = spec.c % block_k == 0 and name != "2d-nhwc-odd"
+    assert wgmma_gemm.a_by_tma(spec, block_k) == by_tma
+    code = render_kernels(FAMILY.plan(spec, tiles, H100)).code
+    if not by_tma:
+        assert f"((chunk ^ ((row0 / {128 // width}) % {width // 16})) << 4)" in code
+    _compiles_clean(spec, tiles)
+
+
+def test_slice_widths_and_stages_are_refused_naming_the_field():
+    spec = NARROW["c96-bf16"][0]
+    with pytest.raises(SpecError) as error:
+        check_tiles(spec, dataclasses.replace(FAMILY.heuristic_tiles(spec, H100), block_k=8), H100)
+    assert error.value.field == "tiles.block_k" and "(64, 32, 16)" in error.value.allowed
+    with pytest.raises(SpecError) as error:
+        MmaTiles(stages=8)                                             # mma.sync keeps 2-6
+    assert error.value.field == "tiles.stages" and "wgmma" in error.value.allowed
+    with pytest.raises(SpecError) as error:
+        MmaTiles(block_m=128, block_n=64, block_k=16, warp_m=64, warp_n=64, stages=25, wgmma=True)
+    assert error.value.field == "tiles.stages"
+    space = wgmma_gemm.tuning_fields(spec, H100)
+    assert {f["block_k"] for f in space} == {64, 32}
+    assert {f["stages"] for f in space if f["block_k"] == 32} <= {2 * s for s in wgmma_gemm.TUNING_STAGES}
 
 
 def test_tf32_source_reads_float32_bits_with_k8_mmas_and_stores_floats():
@@ -442,8 +536,9 @@ def test_mma_sync_warps_refuse_a_warpgroup_s_width():
 
 
 @pytest.mark.parametrize("requested, field", [
-    ({"block_k": 32}, "tiles.block_k"),
+    ({"block_k": 8}, "tiles.block_k"),
     ({"block_m": 256, "block_n": 128, "stages": 6}, "tiles.stages"),
+    ({"block_m": 256, "block_n": 128, "block_k": 16, "stages": 24}, "tiles.stages"),
 ])
 def test_spec_dependent_tile_errors_name_the_field(requested, field):
     with pytest.raises(SpecError) as error:
@@ -499,6 +594,20 @@ def test_emitted_file_builds_with_plain_nvcc_without_warnings(name, tmp_path):
     built = subprocess.run(["nvcc", *build_flags(path.read_text()), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
                             "-DCONVGEN_BENCH", "-c", str(path), "-o", str(tmp_path / f"{name}.o")],
                            capture_output=True, text=True)
+    assert built.returncode == 0 and not built.stderr.strip(), built.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", ["c96-bf16", "c8-tf32-3d"])
+def test_emitted_narrow_slice_file_encodes_its_swizzle_and_builds_with_plain_nvcc(name, tmp_path):
+    spec, width = NARROW[name]
+    tiles = {"wgmma": True, "block_k": wgmma_gemm.slice_k(spec, width), "block_m": 64, "warp_m": 64, "block_n": 32,
+             "cluster_m": 2}
+    path = emit("implicit_gemm", spec, tmp_path / f"{name}.cu", tiles)
+    text = path.read_text()
+    assert text.count(f"CU_TENSOR_MAP_SWIZZLE_{width}B") == 2 and "CU_TENSOR_MAP_SWIZZLE_128B" not in text
+    built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
+                            "-c", str(path), "-o", str(tmp_path / f"{name}.o")], capture_output=True, text=True)
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr
 
 

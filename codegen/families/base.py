@@ -52,8 +52,9 @@ class TensorMap:
     of ``box`` elements; elements outside the tensor read as zero.  The map holds the buffer's
     address, so the launcher encodes one per buffer address.
 
-    ``swizzle`` (0 or 128 bytes) permutes the 16-byte chunks of each 128-byte shared-memory row
-    (chunk j of row r lands at j ^ (r % 8)), so that reads down a column spread over the banks.
+    ``swizzle`` (0, 32, 64 or 128 bytes) permutes the 16-byte chunks of each shared-memory row of
+    that width (chunk j of row r lands at j ^ (r x width / 128 mod width / 16): r % 8 for 128), so
+    that reads down a column spread over the banks.
     With ``corners`` the map is an *im2col* map (``terms.implicit_gemm.im2col_map_terms``): the lower and upper
     corners of the spatial axes, innermost first, ``box`` is (channels per pixel, pixels per
     column) and ``element_strides`` the traversal stride of every dimension."""

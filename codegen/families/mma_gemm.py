@@ -77,6 +77,7 @@ one and two warps)."""
 MAX_WARP_N = 128
 """A warp's widest tile along N (the 256 of ``MmaTiles``' choices is a wgmma warpgroup's)."""
 DEFAULT_STAGES = 3
+MMA_SYNC_MAX_STAGES = 6
 VARIANT = "mma"
 """The plan's variant: implicit_gemm's kernel on tensor cores."""
 
@@ -105,11 +106,13 @@ class MmaTiles(Tiles):
         TileParam("warp_m", "warp tile along M, in 16-row MMA atoms", choices=(16, 32, 64, 128)),
         TileParam("warp_n", "warp tile along N, in 8-column MMA atoms (16-bit types load two at once: a "
                   "multiple of 16); with wgmma, block_n", choices=(8, 16, 32, 64, 128, 256)),
-        TileParam("stages", "shared-memory stages of the pipeline (slices in flight while one is multiplied)",
-                  choices=(2, 3, 4, 5, 6)),
+        TileParam("stages", "shared-memory stages of the pipeline (slices in flight while one is multiplied): "
+                  f"up to {MMA_SYNC_MAX_STAGES} with mma.sync, up to {wgmma_gemm.MAX_STAGES} with wgmma (whose "
+                  "64- and 32-byte slices take more of them for the same bytes in flight)",
+                  minimum=2, maximum=wgmma_gemm.MAX_STAGES),
         TileParam("wgmma", "sm_90 only: Hopper's warpgroup MMA (channels-last float16, bfloat16, and float32 with "
                   "math tf32, with 16-byte channel runs); warp_m x warp_n is then a consumer warpgroup's share of "
-                  "the tile (64 or 128 rows, block_n columns), block_k the 128-byte slice", choices=(False, True)),
+                  "the tile (64 or 128 rows, block_n columns), block_k a slice of 128 bytes (or 64 or 32, each in its own swizzle)", choices=(False, True)),
         TileParam("pingpong", "with wgmma: two consumer warpgroups take alternate block_m x block_n tiles whole "
                   "(block_m = warp_m), so that one's epilogue runs under the other's MMAs (CUTLASS's ping-pong "
                   "schedule); off, the consumer warpgroups share each tile", choices=(False, True)),
@@ -143,6 +146,9 @@ class MmaTiles(Tiles):
         if self.wgmma:
             wgmma_gemm.check_geometry(self)
         else:
+            if self.stages > MMA_SYNC_MAX_STAGES:
+                raise SpecError("tiles.stages", self.stages, f"must be at most {MMA_SYNC_MAX_STAGES} without wgmma "
+                                "(the range the mma.sync kernel is built and tested for)")
             check_geometry(self)
 
     def to_dict(self) -> dict:

@@ -6,9 +6,9 @@ the family.
 The GEMM is mma_gemm's: M output pixels, N output channels, K = C x taps in the filter's own order,
 A(m, k) the input pixel that pixel m reads for column k (zero in the padding), B(n, k) = w[n *
 GEMM_K + k]. A persistent CTA (one per SM) walks its tiles with one producer warpgroup and one or
-two consumer warpgroups. The producer fills a ring of ``stages`` k-slices (128 bytes a row: 64
-16-bit or 32 float32 elements, A and B both k-major) in the 128-byte swizzle (chunk j of row r at
-j ^ (r % 8)): its first thread copies B's slice with one tiled TMA copy (zeros past N and K) and,
+two consumer warpgroups. The producer fills a ring of ``stages`` k-slices (``block_k`` elements a
+row, 128 bytes where C allows, else 64 or 32: ``SLICE_CHOICES``; A and B both k-major) in the swizzle
+of the row's width (16-byte chunk j of row r at j ^ (r x width / 128 mod width / 16)): its first thread copies B's slice with one tiled TMA copy (zeros past N and K) and,
 where each slice is one tap's channels (``a_by_tma``), A's with one im2col TMA copy (zeros in the
 padding and past M), expecting their bytes on the slice's "full" mbarrier; elsewhere every producer
 thread copies A with 16-byte ``cp.async`` copies, zero-filled where a tap lies in the padding or
@@ -56,8 +56,21 @@ from codegen.terms.implicit_gemm import im2col_map_terms
 VARIANT = "wgmma"
 ARCH = 90
 """wgmma exists on sm_90a alone (Blackwell's tensor cores take other instructions)."""
-SLICE_BYTES = 128
-"""A k-slice row: the width of the 128-byte swizzle, whose 8-row atoms the MMA descriptors walk."""
+SLICE_CHOICES = (128, 64, 32)
+"""Bytes of a k-slice row (``block_k`` elements), each in the swizzle of its own width, whose 8-row atoms the MMA
+descriptors walk. A narrower slice makes every slice one tap's channels where C is a multiple of it and not of
+128 bytes, so that A comes by TMA (cuDNN runs C 96 in BF16 in 32-element slices); the heuristic takes 64 bytes
+on shared tiles only (``NARROW_SLICE``)."""
+NARROW_SLICE = 64
+"""The narrower slice the heuristic takes, on shared tiles, with clusters of 2 (``_narrowed``). H100, against the
+128-byte slices by cp.async it replaced: BF16 conv5 (C 96, 128x256) 526 -> 580 TFLOP/s (64 bytes alone 516-536,
+128 bytes with a cluster 531), unet3d_l1 198 -> 205, unseen g_seg_32_64_160 148 -> 163; TF32 (C 16) g_gnet_5x5_16_32
+45 -> 48, g_seg_16_16_256 38 -> 39. 64-byte slices on ping-pong tiles ran 10-12 % slower (g_gnet_5x5_32_96,
+g3_dil2_32), and 32-byte slices (C 16, BF16) 28-30 % slower, so the heuristic takes neither."""
+MAX_STAGES = 24
+"""Ring stages: the tuner's 5 stages of 128-byte slices are 20 of 32-byte ones."""
+SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}
+"""The layout type (bits 62-63) of a wgmma shared-memory descriptor for each swizzle width."""
 CHUNK_BYTES = 16
 PRODUCER_THREADS = 128
 WARPGROUP = 128
@@ -121,15 +134,18 @@ def covers(spec: ConvSpec) -> bool:
     return precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
 
 
+def a_by_tma(spec: ConvSpec, block_k: int) -> bool:
+    """A's slices of ``block_k`` channels through TMA's im2col mode, one copy a slice (CUTLASS's and
+    cuDNN's sm_90 implicit GEMM): where each k-slice is channels of one tap (C a multiple of the
+    slice) and the map can encode the spec's strides and padding; else the producer warpgroup's
+    cp.async copies."""
+    return spec.c % block_k == 0 and _im2col_encodable(spec)
+
+
 @functools.lru_cache(maxsize=4096)
-def a_by_tma(spec: ConvSpec) -> bool:
-    """A's slices through TMA's im2col mode, one copy a slice (CUTLASS's and cuDNN's sm_90 implicit
-    GEMM): where each k-slice is channels of one tap (C a multiple of the slice) and the map can
-    encode the spec's strides and padding; else the producer warpgroup's cp.async copies. Kept per
-    spec: the map's symbolic terms cost about half a millisecond, and the sizing of shared memory
-    asks for every tile the heuristic and the tuner weigh."""
-    if spec.c % slice_k(spec):
-        return False
+def _im2col_encodable(spec: ConvSpec) -> bool:
+    """Kept per spec: the map's symbolic terms cost about half a millisecond, and the sizing of
+    shared memory asks for every tile the heuristic and the tuner weigh."""
     try:
         check_im2col_map(spec)
         terms = im2col_map_terms(index.IndexAlgebra(spec))
@@ -143,9 +159,18 @@ def runs_on(device: Device) -> bool:
     return device.capability == ARCH
 
 
-def slice_k(spec: ConvSpec) -> int:
-    """Elements of a k-slice row."""
-    return SLICE_BYTES // spec.dtype.itemsize
+def slice_k(spec: ConvSpec, width: int = SLICE_CHOICES[0]) -> int:
+    """Elements of a k-slice row of ``width`` bytes."""
+    return width // spec.dtype.itemsize
+
+
+def slice_bytes(spec: ConvSpec, tiles) -> int:
+    return tiles.block_k * spec.dtype.itemsize
+
+
+def tma_slice_bytes(spec: ConvSpec) -> int | None:
+    """The widest slice of ``SLICE_CHOICES`` that takes A by TMA, or None."""
+    return next((width for width in SLICE_CHOICES if a_by_tma(spec, slice_k(spec, width))), None)
 
 
 def consumers(tiles) -> int:
@@ -196,9 +221,11 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
     k_split(spec, tiles)
-    if tiles.block_k != slice_k(spec):
-        raise SpecError("tiles.block_k", tiles.block_k, f"must be {slice_k(spec)} with wgmma ({SLICE_BYTES}-byte "
-                        "slice rows, the width of the swizzle the MMA descriptors read)")
+    allowed = tuple(slice_k(spec, width) for width in SLICE_CHOICES)
+    if tiles.block_k not in allowed:
+        raise SpecError("tiles.block_k", tiles.block_k, f"must be one of {allowed} with wgmma {spec.dtype.value} "
+                        f"(slice rows of {' / '.join(map(str, SLICE_CHOICES))} bytes, each in the swizzle of its width, "
+                        "which the MMA descriptors read)")
     m_tiles = -(-gemm_sizes(index.IndexAlgebra(spec))[0] // tiles.block_m)
     if tiles.cluster_m > m_tiles:
         raise SpecError("tiles.cluster_m", tiles.cluster_m, f"must be at most the {m_tiles} M tile(s) of "
@@ -237,7 +264,7 @@ def pixel_entry_bytes(spec: ConvSpec, tiles) -> int:
 def table_batch(spec: ConvSpec, tiles) -> int:
     """Entries a producer thread loads before issuing their copies: as many of its rows as
     ``TABLE_REGISTERS`` hold (a power of two, so that they divide the rows)."""
-    rows = tiles.block_m // (PRODUCER_THREADS * CHUNK_BYTES // SLICE_BYTES)
+    rows = tiles.block_m // (PRODUCER_THREADS * CHUNK_BYTES // slice_bytes(spec, tiles))
     entry_registers = (2 if index_type(spec, tiles) == "long long" else 1) + _slots(spec, tiles)
     return min(rows, 1 << ((TABLE_REGISTERS // entry_registers).bit_length() - 1))
 
@@ -245,8 +272,8 @@ def table_batch(spec: ConvSpec, tiles) -> int:
 def shared_bytes(spec: ConvSpec, tiles) -> int:
     """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B, the pixel table
     (A by cp.async) and the full and empty mbarriers."""
-    table = 0 if a_by_tma(spec) else tiles.block_m * pixel_entry_bytes(spec, tiles)
-    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * SLICE_BYTES + table + 16 * tiles.stages
+    table = 0 if a_by_tma(spec, tiles.block_k) else tiles.block_m * pixel_entry_bytes(spec, tiles)
+    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * slice_bytes(spec, tiles) + table + 16 * tiles.stages
 
 
 def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
@@ -279,6 +306,7 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     times better, with A by TMA or by cp.async (conv11, TMA; unseen g_alexnet_c2, cp.async)."""
     device = as_device(device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    block_k = slice_k(spec)
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
 
     def largest_filling(largest: int, rows: tuple[int, ...]) -> tuple[int, int]:
@@ -296,20 +324,29 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
         block_m, block_n = min((shape for shape in shapes if 2 * shape[0] * shape[1] >= largest),
                                key=lambda shape: (-(-_tile_count(gemm_m, gemm_n, *shape) // device.sm_count)
                                                   * shape[0] * shape[1], -shape[0] * shape[1], -shape[1]))
-        fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m,
+        fields = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "warp_m": block_m,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
-    elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32 and a_by_tma(spec):
-        fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
+    elif block_n == PINGPONG_WIDTH and spec.dtype is not DType.float32 and a_by_tma(spec, block_k):
+        fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": block_k, "warp_m": 2 * MMA_ROWS,
                   "warp_n": block_n, "wgmma": True, "pingpong": True}
     elif (block_n >= PINGPONG_WIDTH
           and _wave_share(_tile_count(gemm_m, gemm_n, 2 * MMA_ROWS, PINGPONG_WIDTH), device.sm_count)
           >= WAVE_GAIN * _wave_share(_tile_count(gemm_m, gemm_n, block_m, block_n), device.sm_count)):
-        fields = {"block_m": 2 * MMA_ROWS, "block_n": PINGPONG_WIDTH, "block_k": slice_k(spec), "warp_m": 2 * MMA_ROWS,
+        fields = {"block_m": 2 * MMA_ROWS, "block_n": PINGPONG_WIDTH, "block_k": block_k, "warp_m": 2 * MMA_ROWS,
                   "warp_n": PINGPONG_WIDTH, "wgmma": True, "pingpong": True}
     else:
-        fields = {"block_m": block_m, "block_n": block_n, "block_k": slice_k(spec), "warp_m": block_m // MAX_CONSUMERS,
-                  "warp_n": block_n, "wgmma": True}
+        fields = _narrowed(spec, {"block_m": block_m, "block_n": block_n, "block_k": block_k,
+                                  "warp_m": block_m // MAX_CONSUMERS, "warp_n": block_n, "wgmma": True}, gemm_m)
     return _fitted(spec, fields, device)
+
+
+def _narrowed(spec: ConvSpec, fields: dict[str, Any], gemm_m: int) -> dict[str, Any]:
+    """Shared tiles in ``NARROW_SLICE``-byte slices with A by TMA, in clusters of 2 that multicast B, where C
+    takes A by TMA in those slices but not in 128-byte ones and there are M tiles to pair: the narrower
+    slices issue twice B's copies, and the cluster halves them again."""
+    if tma_slice_bytes(spec) != NARROW_SLICE or -(-gemm_m // fields["block_m"]) < CLUSTER_CHOICES[-1]:
+        return fields
+    return {**fields, "block_k": slice_k(spec, NARROW_SLICE), "cluster_m": CLUSTER_CHOICES[-1]}
 
 
 def _wave_share(tiles: int, sm_count: int) -> float:
@@ -321,17 +358,20 @@ def _wave_share(tiles: int, sm_count: int) -> float:
 def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> dict[str, Any]:
     """``fields`` with the stages and split_k the heuristic takes for their tile, but those named in
     ``kept``: the schedule's stages (``PINGPONG_STAGES`` or ``DEFAULT_STAGES``) or as many as fit,
-    and the split of ``_split_k``."""
+    and the split of ``_split_k``; both counted in 128-byte slices, so that a narrower slice keeps
+    as many bytes in flight and splits K at the same lengths."""
     fields = dict(fields)
+    width = fields["block_k"] * spec.dtype.itemsize
+    narrowing = SLICE_CHOICES[0] // width if width in SLICE_CHOICES else 1   # else check_tiles refuses block_k
     if "stages" not in kept:
-        fields["stages"] = PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES
+        fields["stages"] = (PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES) * narrowing
         while fields["stages"] > 2 and shared_bytes(spec, _shape(fields)) > device.shared_per_block:
             fields["stages"] -= 1
     if "split_k" not in kept:
         fields.pop("split_k", None)
         gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
         split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
-                         -(-gemm_k // fields["block_k"]), device.sm_count)
+                         -(-gemm_k // (fields["block_k"] * narrowing)), device.sm_count)
         if split > 1:
             fields["split_k"] = split
     return fields
@@ -400,33 +440,43 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     fields.update(requested)
     if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
         return fields   # MmaTiles refuses the field, naming it
+    if not {"block_k", "cluster_m"} & requested.keys():   # the slice and cluster the heuristic takes for this tile
+        fields.update(block_k=slice_k(spec), cluster_m=1)
+        if fields["pingpong"] is not True:
+            fields = _narrowed(spec, fields, gemm_sizes(index.IndexAlgebra(spec))[0])
     return _fitted(spec, fields, device, kept=requested)
 
 
 def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     """Every WGMMA tile the tuner may try: each block_n up to the one K needs, one or two consumer
     warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
-    ``TUNING_STAGES`` stages, where they fit; split-K in ``TUNING_SPLITS`` where the tiles are
-    fewer than the SMs."""
+    ``TUNING_STAGES`` stages (in 128-byte slices), where they fit; split-K in ``TUNING_SPLITS``
+    where the tiles are fewer than the SMs; 128-byte slices and, where C takes A by TMA only in
+    narrower ones, those, alone and in clusters of 2 (``_narrowed``)."""
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
-    for block_n in (n for n in BLOCK_N_CHOICES if n <= widest):
+    widths = sorted({SLICE_CHOICES[0], tma_slice_bytes(spec) or SLICE_CHOICES[0]}, reverse=True)
+    for width, block_n in ((width, n) for width in widths for n in BLOCK_N_CHOICES if n <= widest):
         for warp_m in (MMA_ROWS, 2 * MMA_ROWS):
             for count, pingpong in ((1, False), (2, False), (1, True)):
                 few = _tile_count(gemm_m, gemm_n, warp_m * count, block_n) < device.sm_count
                 splits = TUNING_SPLITS if few else (1,)
                 for stages, split in ((stages, split) for stages in TUNING_STAGES for split in splits):
-                    fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec),
-                              "warp_m": warp_m, "warp_n": block_n, "stages": stages, "wgmma": True,
-                              **({"pingpong": True} if pingpong else {}), **({"split_k": split} if split > 1 else {})}
-                    try:
-                        shape = _Shape(**fields)
-                        check_geometry(shape)
-                        check_tiles(spec, shape, device)
-                    except SpecError:
-                        continue
-                    space.append(fields)
+                    fields = {"block_m": warp_m * count, "block_n": block_n, "block_k": slice_k(spec, width),
+                              "warp_m": warp_m, "warp_n": block_n, "stages": stages * (SLICE_CHOICES[0] // width),
+                              "wgmma": True, **({"pingpong": True} if pingpong else {}),
+                              **({"split_k": split} if split > 1 else {})}
+                    clusters = CLUSTER_CHOICES if width < SLICE_CHOICES[0] else CLUSTER_CHOICES[:1]
+                    for cluster in clusters:
+                        clustered = {**fields, **({"cluster_m": cluster} if cluster > 1 else {})}
+                        try:
+                            shape = _Shape(**clustered)
+                            check_geometry(shape)
+                            check_tiles(spec, shape, device)
+                        except SpecError:
+                            continue
+                        space.append(clustered)
     return space
 
 
@@ -482,6 +532,9 @@ class WgmmaContext(ConvolutionContext):
     register_split: tuple[int, int] | None
     """``setmaxnreg`` registers of producer and consumer threads, or None (one consumer warpgroup)."""
     slice_bytes: int
+    """Bytes of a k-slice row: the swizzle's width (128, 64 or 32)."""
+    swizzle_mode: int
+    """The MMA descriptors' layout type for that swizzle (``SWIZZLE_MODES``)."""
     chunk_elements: int
     """Elements of one 16-byte copy."""
     producer_threads: int
@@ -567,13 +620,14 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     reduce_width = 2 if pair_store else 1
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
+    width = slice_bytes(spec, tiles)
     w_map = TensorMap("w", (gemm_k, gemm_n), (gemm_k * itemsize,), (tiles.block_k, tiles.block_n // cluster),
-                      swizzle=SLICE_BYTES, dtype=spec.dtype)
+                      swizzle=width, dtype=spec.dtype)
     output = "partials" if splits > 1 else "y"
-    a_tma = a_by_tma(spec)
+    a_tma = a_by_tma(spec, tiles.block_k)
     if a_tma:   # A: block_m pixels of one tap's block_k channels a copy, in the same swizzle
         im2col = im2col_map_terms(alg)
-        x_map = TensorMap("x", im2col["dims"], im2col["strides"], (tiles.block_k, tiles.block_m), swizzle=SLICE_BYTES,
+        x_map = TensorMap("x", im2col["dims"], im2col["strides"], (tiles.block_k, tiles.block_m), swizzle=width,
                           corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"],
                           dtype=spec.dtype)
         maps, args = (w_map, x_map), (output,)
@@ -595,14 +649,14 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         kernel=name, variant=VARIANT, mma=MMA_TYPES[spec.dtype], mma_k=MMA_K_BYTES // itemsize, element=spec.dtype,
         element_bytes=itemsize, BM=tiles.block_m, BN=tiles.block_n, BK=tiles.block_k, WM=tiles.warp_m,
         consumers=consumers(tiles), pingpong=tiles.pingpong, order_barrier=ORDER_BARRIER,
-        m_blocks=tiles.warp_m // MMA_ROWS, k_steps=SLICE_BYTES // MMA_K_BYTES,
+        m_blocks=tiles.warp_m // MMA_ROWS, k_steps=width // MMA_K_BYTES,
         threads=threads(tiles), stages=tiles.stages,
         register_split=REGISTER_SPLIT if consumers(tiles) == MAX_CONSUMERS else None,
-        slice_bytes=SLICE_BYTES, chunk_elements=chunk_elements, producer_threads=PRODUCER_THREADS,
-        chunks_per_row=SLICE_BYTES // CHUNK_BYTES,
-        rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // SLICE_BYTES,
+        slice_bytes=width, swizzle_mode=SWIZZLE_MODES[width], chunk_elements=chunk_elements,
+        producer_threads=PRODUCER_THREADS, chunks_per_row=width // CHUNK_BYTES,
+        rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // width,
         table_batch=table_batch(spec, tiles),
-        a_stage_bytes=tiles.block_m * SLICE_BYTES, b_stage_bytes=tiles.block_n * SLICE_BYTES,
+        a_stage_bytes=tiles.block_m * width, b_stage_bytes=tiles.block_n * width,
         pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
         GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
