@@ -95,11 +95,11 @@ template <int pending>
 static __device__ __forceinline__ void convgen_mma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(pending) : "memory"); }
 // Keeps the compiler from moving an accumulator's use above the wait that retires its MMAs.
 static __device__ __forceinline__ void convgen_hold(float& value) { asm volatile("" : "+f"(value) :: "memory"); }
-
 // The shared-memory matrix descriptor of a k-major operand at `address`: 128-byte swizzle (mode 1, bits 62-63),
 // 8-row atoms 1024 bytes apart (stride byte offset, bits 32-45), leading byte offset unused by the swizzled
-// layouts (1, bits 16-29), start address in 16-byte units (bits 0-13). The swizzle XORs address bits 4-6 with
-// bits 7-9, so the stages start on 1024-byte boundaries and a k-step moves the start address by 32 bytes.
+// layouts (1, bits 16-29), start address in 16-byte units (bits 0-13). The swizzle XORs the 16-byte chunk's address
+// bits with those 3 higher (bits 7 and up), so every stage starts on a whole atom and a k-step moves the start
+// address by 32 bytes.
 static __device__ __forceinline__ unsigned long long convgen_descriptor(unsigned address)
 {
     return (unsigned long long)((address & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
