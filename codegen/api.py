@@ -236,12 +236,34 @@ class Kernel:
                 self._launcher.run(device_id, pointers, stream.ptr, _cupy_workspace)
 
 
-def _torch_workspace(buffer: Buffer, device_id: int):
-    """A workspace from PyTorch's caching allocator on ``device_id``."""
-    import torch
+_STREAM_WORKSPACES: dict[tuple[int, int], tuple[Any, int, int]] = {}
+"""Per (device, stream handle): the workspace tensor every kernel's calls on that stream share, its address and
+its bytes (``_torch_workspace``)."""
 
-    workspace = torch.empty(buffer_bytes(buffer), dtype=torch.uint8, device=torch.device("cuda", device_id))
-    return workspace, workspace.data_ptr()
+
+def _torch_workspace(buffer: Buffer, device_id: int):
+    """A workspace from PyTorch's caching allocator on ``device_id`` (current). Outside CUDA graph
+    capture, the one kept for the current stream, grown when a call needs more: calls on one stream
+    run in order, so no two of them use it at once, and a call is spared the allocation, as
+    PyTorch keeps cuBLAS's workspace per handle and stream (``release_workspaces`` gives them
+    back). Under capture, a fresh one from the graph's private pool, which the graph owns."""
+    torch = sys.modules["torch"]
+    nbytes = buffer_bytes(buffer)
+    if torch._C._cuda_isCurrentStreamCapturing():
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_id))
+        return workspace, workspace.data_ptr()
+    key = (device_id, torch._C._cuda_getCurrentRawStream(device_id))
+    kept = _STREAM_WORKSPACES.get(key)
+    if kept is None or kept[2] < nbytes:
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_id))
+        kept = _STREAM_WORKSPACES[key] = (workspace, workspace.data_ptr(), nbytes)
+    return kept[0], kept[1]
+
+
+def release_workspaces() -> None:
+    """Give the workspaces kept per stream (split-K's partial tiles, PyTorch tensors) back to
+    PyTorch's caching allocator."""
+    _STREAM_WORKSPACES.clear()
 
 
 def _cupy_workspace(buffer: Buffer, device_id: int):

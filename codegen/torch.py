@@ -32,7 +32,7 @@ except ImportError as missing:   # PyTorch is optional for the rest of convgen
     raise ImportError("codegen.torch needs PyTorch: pip install torch (see https://pytorch.org/get-started/ for "
                       "the build that matches your CUDA); the rest of convgen runs without it") from missing
 
-from codegen.api import Kernel, build, plan
+from codegen.api import Kernel, build, plan, release_workspaces
 from codegen.families import get_family
 from codegen.spec import ConvSpec, SpecError, output_extents
 from codegen.tiles import Tiles
@@ -75,9 +75,11 @@ def check_only(target: str = "h100") -> Iterator[list]:
 
 
 def clear_kernels() -> None:
-    """Forget the process's kernels (they rebuild from the compile cache on their next call)."""
+    """Forget the process's kernels (they rebuild from the compile cache on their next call) and
+    give the workspaces kept per stream back to PyTorch's caching allocator."""
     _kernels.clear()
     _built.clear()
+    release_workspaces()
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int | Sequence[int] = 1,

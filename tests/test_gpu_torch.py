@@ -126,6 +126,44 @@ def test_a_captured_cuda_graph_replays_the_kernels(case):
         assert _relative(y, F.conv2d(fresh, weight, padding=1)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.skipif(torch.cuda.get_device_capability() != (9, 0), reason="split-K's workspace: the WGMMA kernel, sm_90")
+def test_split_k_workspace_is_kept_per_stream_and_fresh_under_capture():
+    """Calls on one stream share one workspace, grown when a call needs more; another stream gets
+    its own, so that calls on both streams at once cannot overwrite each other's partial tiles; a
+    captured call takes a fresh one from the graph's pool; clear_kernels gives them all back. Each
+    output is checked against PyTorch."""
+    from codegen import api
+    from codegen.families.base import Buffer
+
+    convgen_torch.clear_kernels()
+    small, large = Buffer("partials", (2, 64, 64), "workspace"), Buffer("partials", (4, 64, 64), "workspace")
+    kept, pointer = api._torch_workspace(small, 0)
+    assert api._torch_workspace(small, 0)[1] == pointer and kept.numel() == 2 * 64 * 64 * 4
+    grown, grown_pointer = api._torch_workspace(large, 0)
+    assert grown.numel() == 4 * 64 * 64 * 4 and api._torch_workspace(small, 0)[1] == grown_pointer
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert api._torch_workspace(small, 0)[1] != grown_pointer
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = api._torch_workspace(small, 0)
+    assert all(captured is not entry[0] for entry in api._STREAM_WORKSPACES.values())
+    x = torch.randn(2, 1, 512, 7, 7, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(512, 512, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    inputs = [xi.contiguous(memory_format=torch.channels_last) for xi in x]
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        on_side = convgen_torch.conv(inputs[0], weight, padding=1)
+    on_main = convgen_torch.conv(inputs[1], weight, padding=1)
+    torch.cuda.synchronize()
+    for y, xi in ((on_side, inputs[0]), (on_main, inputs[1])):
+        assert _relative(y, F.conv2d(xi, weight, padding=1)) <= TOLERANCE[torch.bfloat16]
+    assert len(api._STREAM_WORKSPACES) == 2
+    convgen_torch.clear_kernels()
+    assert not api._STREAM_WORKSPACES
+
+
 def _example_network():
     sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
     try:
