@@ -125,6 +125,23 @@ def test_heuristic_tiles_within_the_error_bound(spec, seed):
 
 
 @GPU
+@given(data=st.data(), seed=st.integers(0, 2**16), sm_count=st.sampled_from((2, 3, 5, 7, 11)),
+       tail_split=st.sampled_from((2, 3, 7)))
+def test_tail_split_on_small_grids_within_the_error_bound(data, seed, sm_count, tail_split):
+    """The last round's tiles split into K ranges, every tile shape, on grids of a few blocks, so
+    that the specs' few tiles leave a last round (where they do not, the plan has no tail)."""
+    spec = data.draw(covered_specs())
+    tiles = dataclasses.replace(data.draw(wgmma_tiles(spec)), split_k=1)
+    try:
+        tiles = dataclasses.replace(tiles, tail_split=tail_split)
+        check_tiles(spec, tiles, present())
+    except SpecError:
+        assume(False)
+    x, w = _inputs(spec, seed)
+    _assert_within_bound(spec, _run(spec, x, w, tiles, sm_count=sm_count), x, w)
+
+
+@GPU
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_any_tiles_within_the_error_bound(data, seed):
     spec = data.draw(covered_specs())
@@ -133,8 +150,8 @@ def test_any_tiles_within_the_error_bound(data, seed):
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
 
 
-ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k[, cluster_m[, slice bytes]]]]) or None
-    #             for the heuristic)
+ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, split_k[, cluster_m[, slice bytes[,
+    #             tail_split]]]]]) or None for the heuristic)
     "m-n-k-tails-stride-dilation": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
                                              filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
                                              dtype="bfloat16"), (128, 64, 64, 3)),
@@ -208,6 +225,19 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
     "tma-a-3d-tf32-cluster-2-pingpong": (ConvSpec(dims=3, layout="NDHWC", n=2, c=32, k=70, input_size=(5, 9, 11),
                                                   filter_size=3, stride=(1, 2, 1), padding=1, dilation=(2, 1, 1),
                                                   dpitch=36, dtype="float32", math="tf32"), (64, 64, 64, 4, True, 1, 2)),
+    # the last round's tiles split into K ranges (on the small grids of SMALL_GRIDS): tiles of several channel tiles, the
+    # 16-byte stores and the MMA layout's (odd K), ping-pong, a cluster, A by cp.async and by TMA
+    "tail-split-bf16-four-channel-tiles": (ConvSpec(dims=2, layout="NHWC", n=8, c=64, k=200, input_size=(30, 30),
+                                                    filter_size=3, padding=1, dtype="bfloat16"),
+                                           (128, 64, 64, 4, False, 1, 1, 128, 3)),
+    "tail-split-fp16-odd-k-pingpong": (ConvSpec(dims=2, layout="NHWC", n=4, c=40, k=37, input_size=(23, 19),
+                                                filter_size=3, stride=(1, 2), padding=1, dpitch=48, dtype="float16"),
+                                       (64, 64, 64, 4, True, 1, 1, 128, 5)),
+    "tail-split-tf32-cluster-2-pingpong": (ConvSpec(dims=2, layout="NHWC", n=8, c=32, k=96, input_size=(33, 31),
+                                                    filter_size=3, padding=(0, 1), dilation=(2, 1), dtype="float32",
+                                                    math="tf32"), (128, 32, 128, 5, True, 1, 2, 128, 4)),
+    "tail-split-narrow-3d": (ConvSpec(dims=3, layout="NDHWC", n=2, c=96, k=64, input_size=(6, 10, 12), filter_size=3,
+                                      padding=1, dtype="bfloat16"), (128, 64, 64, 8, False, 1, 2, 64, 7)),
     # 64- and 32-byte slices: A by TMA where C is a multiple of the slice, else by cp.async in the narrower swizzle
     "narrow-64-tma-c96-pingpong": (ConvSpec(dims=2, layout="NHWC", n=3, c=96, k=75, input_size=(17, 23), filter_size=3,
                                             stride=2, padding=1, dilation=(1, 2), dpitch=104, dtype="bfloat16"),
@@ -236,7 +266,8 @@ def _odd_tiles(spec: ConvSpec, shape: tuple) -> MmaTiles:
     width = shape[7] if len(shape) > 7 else wgmma_gemm.SLICE_CHOICES[0]
     return MmaTiles(block_m=shape[0], block_n=shape[1], block_k=wgmma_gemm.slice_k(spec, width), warp_m=shape[2],
                     warp_n=shape[1], stages=shape[3], wgmma=True, pingpong=shape[4] if len(shape) > 4 else False,
-                    split_k=shape[5] if len(shape) > 5 else 1, cluster_m=shape[6] if len(shape) > 6 else 1)
+                    split_k=shape[5] if len(shape) > 5 else 1, cluster_m=shape[6] if len(shape) > 6 else 1,
+                    tail_split=shape[8] if len(shape) > 8 else 1)
 
 
 @pytest.mark.parametrize("name", ODD_CASES)
@@ -255,6 +286,10 @@ SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several wor
     "cluster-2-pingpong-many-units": 5,              # 2 clusters of 2 blocks: 384 units of 2 M tiles, 192 a cluster
     "cluster-2-sixteen-row-boxes": 9,                # 4 clusters of 2 blocks: 363 units of 2 M tiles (1 past M in the last)
     "tma-a-3d-tf32-cluster-2-pingpong": 5,           # 2 clusters of 2 blocks, A by TMA, ping-pong
+    "tail-split-bf16-four-channel-tiles": 100,       # 228 tiles: 200 whole, the last round's 28 in 3 ranges
+    "tail-split-fp16-odd-k-pingpong": 11,            # 15 tiles: 11 whole, 4 in 3 ranges of 2 of the 6 slices
+    "tail-split-tf32-cluster-2-pingpong": 8,         # 4 clusters: 87 units of 2 M tiles, 84 whole, 3 in 3 ranges
+    "tail-split-narrow-3d": 10,                      # 5 clusters: 6 units of 2 M tiles, 5 whole, 1 in 7 ranges
 }
 
 

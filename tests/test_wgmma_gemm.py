@@ -198,6 +198,62 @@ def test_split_k_stores_partial_tiles_that_a_second_kernel_adds_in_range_order(n
     assert len(unsplit.launches) == 1 and not unsplit.workspaces
 
 
+TAIL = ConvSpec(dims=2, layout="NHWC", n=8, c=256, k=200, input_size=(30, 30), filter_size=3, padding=1,
+                dtype="bfloat16")   # 57 x 4 tiles of 128x64, 36 k-slices: on 112 SMs, 2 whole rounds and 4 tiles
+
+
+def test_heuristic_splits_the_tiles_of_a_short_last_round():
+    """After one to three whole rounds of work, the last round's tiles are split into the ranges that
+    fill the round (each at least 4 128-byte slices), where that makes 4 or more; the plan's whole
+    units store into y, the rest into partial tiles of the rows from the first last-round tile's on,
+    which a second launch adds up. None on exact rounds, after more rounds, in fewer ranges, or with
+    split-K."""
+    shape = {"wgmma": True, "block_m": 128, "block_n": 64, "warp_m": 64, "pingpong": False, "stages": 4}
+    card = api.resolve_device("h100,sm_count=112", None)
+    fields = wgmma_gemm.complete_fields(TAIL, shape, card)
+    assert fields["tail_split"] == min(112 // 4, 36 // wgmma_gemm.MIN_SPLIT_SLICES) == 9
+    tiles = MmaTiles.from_dict(fields)
+    plan = FAMILY.plan(TAIL, tiles, card)
+    walk = wgmma_gemm.schedule(TAIL, tiles, card)
+    assert (walk.whole_units, walk.tail_tiles, walk.tail_splits, walk.units_total) == (224, 4, 9, 224 + 36)
+    assert walk.tail_first_row == 56 * 128 and plan.context.partial_rows == 7200 - 7168
+    assert [b.shape for b in plan.workspaces] == [(9, 32, 200)] and len(plan.launches) == 2
+    assert plan.launches[0].args == ("y", "partials") and plan.launches[1].args == ("partials", "y")
+    assert wgmma_gemm.split_workspace_bytes(TAIL, fields, card) == 9 * 32 * 200 * 4
+    code = render_kernels(plan).code
+    assert "const bool whole = unit < 224;" in code and "if (!whole) {" in code
+    assert "if ((row / 128) * 4 + (int)(e % 200) / 64 < 224) return;" in code   # whole tiles' outputs left alone
+    _compiles_clean(TAIL, tiles)
+    for target in ("h100,sm_count=114", "h100,sm_count=100", "h100,sm_count=40"):   # exact; 3 ranges; 5 rounds
+        assert "tail_split" not in wgmma_gemm.complete_fields(TAIL, shape, api.resolve_device(target, None)), target
+    assert "tail_split" not in wgmma_gemm.heuristic_fields(replace(SPECS["2d-nhwc-odd"], n=1), H100)
+    lowered = MmaTiles.from_dict(wgmma_gemm.split_within(TAIL, fields, 1 << 10, card))
+    assert lowered.tail_split == 1 and lowered.split_k == 1
+
+
+def test_tail_split_is_refused_with_split_k_off_wgmma_and_past_the_k_slices():
+    with pytest.raises(SpecError, match="tiles.tail_split"):
+        MmaTiles(tail_split=2)
+    with pytest.raises(SpecError, match="tiles.tail_split"):
+        MmaTiles.from_dict({**_tiles(TAIL, 128, 64, 64, 4, split_k=2).to_dict(), "tail_split": 2})
+    with pytest.raises(SpecError) as error:
+        narrow_k = replace(TAIL, c=64)
+        check_tiles(narrow_k, dataclasses.replace(_tiles(narrow_k, 128, 64, 64, 4), tail_split=10), H100)
+    assert error.value.field == "tiles.tail_split" and "9 k-slices" in error.value.allowed
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_emitted_tail_split_file_takes_its_workspace_and_builds_with_plain_nvcc(tmp_path):
+    tiles = {"wgmma": True, "block_m": 128, "block_n": 64, "warp_m": 64, "pingpong": False, "tail_split": 2}
+    path = emit("implicit_gemm", TAIL, tmp_path / "tail.cu", tiles, target="h100,sm_count=112")
+    text = path.read_text()
+    assert "float* partials, cudaStream_t stream)" in text and "(w_map, x_map, y, partials);" in text
+    assert text.index("(w_map, x_map, y, partials);") < text.index("_reduce<<<") < text.index("(partials, y);")
+    built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
+                            "-c", str(path), "-o", str(tmp_path / "tail.o")], capture_output=True, text=True)
+    assert built.returncode == 0 and not built.stderr.strip(), built.stderr
+
+
 def test_split_k_is_refused_past_the_k_slices_and_off_wgmma():
     with pytest.raises(SpecError) as error:
         MmaTiles(split_k=2)

@@ -122,6 +122,11 @@ class MmaTiles(Tiles):
                   "the output has few tiles and K is long; ranges are whole k-slices, none empty, so a split past "
                   "what the slices allow evenly gives fewer units (16 on 18 slices: 9 ranges of 2)",
                   minimum=1, maximum=16),
+        TileParam("tail_split", "with wgmma and without split_k: the K ranges each tile of the last, partial round "
+                  "of work is split into (their FP32 partial tiles go to a workspace that a second kernel adds up in "
+                  "range order, the same bits every run), so that a round holding a few tiles takes a fraction of a "
+                  "round's time (the split of CUTLASS's data-parallel + split-K hybrid): at most the k-slices allow, "
+                  "as split_k", minimum=1, maximum=wgmma_gemm.MAX_TAIL_SPLIT),
         TileParam("cluster_m", "with wgmma: CTAs of a thread-block cluster on neighbouring M tiles that share each "
                   "filter slice, one TMA copy of it multicast into all of them (CUTLASS's and cuDNN's cluster "
                   "multicast): the filter is read from L2 once per cluster rather than once per tile",
@@ -131,6 +136,7 @@ class MmaTiles(Tiles):
     pingpong: bool = False
     split_k: int = 1
     cluster_m: int = 1
+    tail_split: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,6 +146,9 @@ class MmaTiles(Tiles):
         if self.split_k != 1 and not self.wgmma:
             raise SpecError("tiles.split_k", self.split_k, "must be 1 without wgmma (the mma.sync kernel does not "
                             "split K)")
+        if self.tail_split != 1 and (not self.wgmma or self.split_k != 1):
+            raise SpecError("tiles.tail_split", self.tail_split, "must be 1 without wgmma or with split_k (split-K "
+                            "already splits every tile, the last round's too)")
         if self.cluster_m != 1 and not self.wgmma:
             raise SpecError("tiles.cluster_m", self.cluster_m, "must be 1 without wgmma (the mma.sync kernel runs no "
                             "clusters)")
@@ -152,11 +161,11 @@ class MmaTiles(Tiles):
             check_geometry(self)
 
     def to_dict(self) -> dict:
-        """The fields, wgmma, pingpong, split_k and cluster_m only where set: the kernels keep the tuning
+        """The fields, wgmma, pingpong, split_k, cluster_m and tail_split only where set: the kernels keep the tuning
         records, kernel names (a hash of ``describe``) and catalogue files they had before those fields
         existed."""
         fields = super().to_dict()
-        for name, unset in (("wgmma", False), ("pingpong", False), ("split_k", 1), ("cluster_m", 1)):
+        for name, unset in (("wgmma", False), ("pingpong", False), ("split_k", 1), ("cluster_m", 1), ("tail_split", 1)):
             if getattr(self, name) == unset:
                 del fields[name]
         return fields
@@ -498,7 +507,7 @@ class TensorCoreGemm(Family):
         to ``limit`` bytes: the most ranges that fit, or none; mma.sync needs no workspace."""
         device = as_device(device)
         if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
-            return MmaTiles(**wgmma_gemm.split_within(spec, wgmma_gemm.heuristic_fields(spec, device), limit))
+            return MmaTiles(**wgmma_gemm.split_within(spec, wgmma_gemm.heuristic_fields(spec, device), limit, device))
         return heuristic_tiles(spec, device)
 
     def tuning_space(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:
@@ -509,7 +518,7 @@ class TensorCoreGemm(Family):
         space = tuning_space(spec, device)
         if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
             space += [fields for fields in wgmma_gemm.tuning_fields(spec, device)
-                      if workspace_limit is None or wgmma_gemm.split_workspace_bytes(spec, fields) <= workspace_limit]
+                      if workspace_limit is None or wgmma_gemm.split_workspace_bytes(spec, fields, device) <= workspace_limit]
         return space
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:

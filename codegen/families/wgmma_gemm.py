@@ -113,6 +113,16 @@ MMA_TYPES = {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "tf32"
 """wgmma's operand type for each dtype (float32 with math tf32 only)."""
 TUNING_SPLITS = (1, 2, 4, 8, 16)
 MAX_SPLIT_K = 16
+MAX_TAIL_SPLIT = 32
+"""Ranges a tile of the last round may be split into (``tail_split``): 132 SMs over 4 tail tiles give 33."""
+MIN_TAIL_SPLIT = 4
+MAX_TAIL_ROUNDS = 3
+"""The heuristic splits the last round's tiles in at least ``MIN_TAIL_SPLIT`` ranges, after at most
+``MAX_TAIL_ROUNDS`` whole rounds (``_tail_split``). H100, A/B against no split: BF16 conv5 (3 rounds, 9 ranges)
+574 -> 672 TFLOP/s, conv11 (2, 5) 553 -> 602; TF32 conv5 (3, 15) 304 -> 371, conv11 (2, 5) 276 -> 331. After more
+rounds the last is a small share of the time and the second pass cost more than it saved (conv9, 11 rounds: -3 %;
+conv10, 5: -3 %); in 2-3 ranges the last round still took half a round or more (unseen g3_temporal_128 TF32 -19 %,
+g_dil_asym_64 BF16 -13 %; g_7x7_64_64_56 BF16 +12 % was the exception)."""
 MIN_SPLIT_SLICES = 4
 SPLIT_SM_SHARE = 4
 """Split-K where the tiles fill at most a quarter of the SMs (``_split_k``)."""
@@ -221,6 +231,7 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
     k_split(spec, tiles)
+    schedule(spec, tiles, device)   # tail_split within the k-slices
     allowed = tuple(slice_k(spec, width) for width in SLICE_CHOICES)
     if tiles.block_k not in allowed:
         raise SpecError("tiles.block_k", tiles.block_k, f"must be one of {allowed} with wgmma {spec.dtype.value} "
@@ -367,13 +378,21 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
         fields["stages"] = (PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES) * narrowing
         while fields["stages"] > 2 and shared_bytes(spec, _shape(fields)) > device.shared_per_block:
             fields["stages"] -= 1
+    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    wide_slices = -(-gemm_k // (fields["block_k"] * narrowing))
     if "split_k" not in kept:
         fields.pop("split_k", None)
-        gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
-        split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]),
-                         -(-gemm_k // (fields["block_k"] * narrowing)), device.sm_count)
+        split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]), wide_slices,
+                         device.sm_count)
         if split > 1:
             fields["split_k"] = split
+    if "tail_split" not in kept:
+        fields.pop("tail_split", None)
+        cluster = fields.get("cluster_m", 1)
+        units = -(-gemm_m // (fields["block_m"] * cluster)) * -(-gemm_n // fields["block_n"])
+        tail = _tail_split(units, max(1, device.sm_count // cluster), wide_slices)
+        if tail > 1 and fields.get("split_k", 1) == 1:
+            fields["tail_split"] = tail
     return fields
 
 
@@ -390,23 +409,87 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
 
 
-def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any]) -> int:
-    """Bytes of the partial tiles split-K stores (splits x M x N float32); 0 unsplit."""
-    splits, _ = k_split(spec, _shape(fields))
-    if splits == 1:
-        return 0
+def _tail_split(units: int, slots: int, k_tiles: int) -> int:
+    """Ranges for each tile of the last round where 1 to ``MAX_TAIL_ROUNDS`` whole rounds come before it
+    and at least ``MIN_TAIL_SPLIT`` ranges fit the slots (blocks, or clusters) it leaves: as many as fill
+    the round, each at least ``MIN_SPLIT_SLICES`` 128-byte slices; else 1."""
+    tail = units % slots
+    if not tail or not 1 <= units // slots <= MAX_TAIL_ROUNDS:
+        return 1
+    ranges = min(MAX_TAIL_SPLIT, slots // tail, k_tiles // MIN_SPLIT_SLICES)
+    return ranges if ranges >= MIN_TAIL_SPLIT else 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the persistent blocks walk their work: ``units`` whole output tiles (in clusters of ``cluster_m``
+    M tiles), the first ``whole_units`` of them whole and the ``tail_tiles`` after them (the last round's)
+    each split into ``tail_splits`` K ranges of ``tail_k_per_split`` slices; ``units_total`` work units
+    (times split_k's ranges where K is split)."""
+
+    m_tiles: int
+    n_tiles: int
+    units: int
+    slots: int
+    whole_units: int
+    tail_tiles: int
+    tail_splits: int
+    tail_k_per_split: int
+    units_total: int
+    grid_blocks: int
+    tail_first_row: int
+    """The first GEMM row of the last round's tiles: the partial tiles hold rows from it to M."""
+
+
+def schedule(spec: ConvSpec, tiles, device: Device) -> Schedule:
+    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
+    cluster = tiles.cluster_m
+    units = -(-m_tiles // cluster) * n_tiles
+    slots = max(1, device.sm_count // cluster)
+    splits, _ = k_split(spec, tiles)
+    tail_tiles, tail_splits, per_range = 0, 1, 0
+    if tiles.tail_split > 1:
+        k_tiles = -(-gemm_k // tiles.block_k)
+        if tiles.tail_split > k_tiles:
+            raise SpecError("tiles.tail_split", tiles.tail_split, f"must be at most the {k_tiles} k-slices of "
+                            f"{tiles.block_k} that K = {gemm_k} makes")
+        tail_tiles = units % slots if units > slots else 0
+        per_range = -(-k_tiles // tiles.tail_split)
+        tail_splits = -(-k_tiles // per_range) if tail_tiles else 1
+    if tail_splits == 1:
+        tail_tiles, per_range = 0, 0
+    whole_units = units - tail_tiles
+    units_total = units * splits + tail_tiles * (tail_splits - 1)
+    first_row = whole_units // n_tiles * cluster * tiles.block_m if tail_tiles else 0
+    return Schedule(m_tiles, n_tiles, units, slots, whole_units, tail_tiles, tail_splits, per_range, units_total,
+                    min(units_total, slots) * cluster, first_row)
+
+
+def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device | str | None = None) -> int:
+    """Bytes of the partial tiles split-K stores (splits x M x N float32), or the last round's split tiles
+    (ranges x the rows from its first tile's to M x N); 0 with neither."""
+    shape = _shape(fields)
+    splits, _ = k_split(spec, shape)
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
-    return splits * gemm_m * gemm_n * 4
+    if splits > 1:
+        return splits * gemm_m * gemm_n * 4
+    if shape.tail_split == 1:
+        return 0
+    walk = schedule(spec, shape, as_device(device))
+    return walk.tail_splits * (gemm_m - walk.tail_first_row) * gemm_n * 4 if walk.tail_tiles else 0
 
 
-def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int) -> dict[str, Any]:
-    """``fields`` with split_k lowered to the most ranges whose partial tiles fit ``limit`` bytes
-    (unsplit where none do), as cuDNN's algorithm choice holds to a workspace limit."""
+def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int,
+                 device: Device | str | None = None) -> dict[str, Any]:
+    """``fields`` with split_k and tail_split lowered to the most ranges whose partial tiles fit
+    ``limit`` bytes (unsplit where none do), as cuDNN's algorithm choice holds to a workspace limit."""
     fields = dict(fields)
-    while fields.get("split_k", 1) > 1 and split_workspace_bytes(spec, fields) > limit:
-        fields["split_k"] -= 1
-    if fields.get("split_k", 1) == 1:
-        fields.pop("split_k", None)
+    for name in ("split_k", "tail_split"):
+        while fields.get(name, 1) > 1 and split_workspace_bytes(spec, fields, device) > limit:
+            fields[name] -= 1
+        if fields.get(name, 1) == 1:
+            fields.pop(name, None)
     return fields
 
 
@@ -500,6 +583,7 @@ class _Shape:
     pingpong: bool = False
     split_k: int = 1
     cluster_m: int = 1
+    tail_split: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -571,8 +655,19 @@ class WgmmaContext(ConvolutionContext):
     """B rows of a slice that each block of a cluster copies and multicasts."""
     m_tiles: int
     units_total: int
-    """Output tiles (in clusters of ``cluster_m`` along M) times splits: what the persistent blocks,
-    cluster by cluster, take in turn."""
+    """Output tiles (in clusters of ``cluster_m`` along M) times splits, or with a tail split the whole
+    units and the last round's ranges: what the persistent blocks, cluster by cluster, take in turn."""
+    tail: bool
+    """The last round's tiles split into K ranges (``tail_split``): units from ``whole_units`` on store
+    FP32 partial tiles that the reduction kernel adds up."""
+    whole_units: int
+    tail_splits: int
+    tail_k_per_split: int
+    tail_first_row: int
+    partial_rows: int
+    """Rows of each range's partial output: M with split_k, M - tail_first_row with a tail split."""
+    partial_store_mode: str
+    partial_store_group: int
     grid_blocks: int
     m_tail: bool
     """Tile rows past M: the last tile's, or a cluster's tiles past the last one."""
@@ -605,39 +700,41 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     alg = index.IndexAlgebra(spec)
     gemm_m, gemm_n, gemm_k = gemm_sizes(alg)
     terms = gemm_terms(alg, "image")
-    m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
+    walk = schedule(spec, tiles, device)
+    m_tiles, n_tiles = walk.m_tiles, walk.n_tiles
     tiles_total = m_tiles * n_tiles
     splits, k_per_split = k_split(spec, tiles)
     cluster = tiles.cluster_m
-    units_total = -(-m_tiles // cluster) * n_tiles * splits
-    grid_blocks = min(units_total, max(1, device.sm_count // cluster)) * cluster
+    tail = walk.tail_tiles > 0
+    partial_rows = gemm_m - walk.tail_first_row if tail else gemm_m
     name = kernel_name(family.name, VARIANT, spec, tiles)
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
     store_mode = epilogue.store_mode(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32,
                                      span=tiles.block_n, channels_last=True)
+    partial_store_mode = epilogue.store_mode(gemm_n, stores_float=True, span=tiles.block_n, channels_last=True)
     reduce_width = 2 if pair_store else 1
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
     width = slice_bytes(spec, tiles)
     w_map = TensorMap("w", (gemm_k, gemm_n), (gemm_k * itemsize,), (tiles.block_k, tiles.block_n // cluster),
                       swizzle=width, dtype=spec.dtype)
-    output = "partials" if splits > 1 else "y"
+    output = ("partials",) if splits > 1 else ("y", "partials") if tail else ("y",)
     a_tma = a_by_tma(spec, tiles.block_k)
     if a_tma:   # A: block_m pixels of one tap's block_k channels a copy, in the same swizzle
         im2col = im2col_map_terms(alg)
         x_map = TensorMap("x", im2col["dims"], im2col["strides"], (tiles.block_k, tiles.block_m), swizzle=width,
                           corners=(im2col["lower"], im2col["upper"]), element_strides=im2col["element_strides"],
                           dtype=spec.dtype)
-        maps, args = (w_map, x_map), (output,)
+        maps, args = (w_map, x_map), output
     else:
         im2col = {"origin": [], "tap_offsets": []}
-        maps, args = (w_map,), ("x", output)
-    main = Launch(name, (grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=args, tensor_maps=maps,
+        maps, args = (w_map,), ("x", *output)
+    main = Launch(name, (walk.grid_blocks, 1, 1), (threads(tiles), 1, 1), needed, args=args, tensor_maps=maps,
                   persistent=True)
-    if splits > 1:
-        launches = (main, Launch(name + "_reduce", (-(-gemm_m * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
+    if splits > 1 or tail:
+        launches = (main, Launch(name + "_reduce", (-(-partial_rows * gemm_n // (reduce_width * REDUCE_THREADS)), 1, 1),
                                  (REDUCE_THREADS, 1, 1), args=("partials", "y")))
     else:
         launches = (main,)
@@ -663,21 +760,24 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         k_per_split=k_per_split, a_tma=a_tma, im2col_rank=spec.dims + 2, origin=im2col["origin"],
         tap_offsets=im2col["tap_offsets"], c_chunks=spec.c // tiles.block_k, cluster_m=cluster,
         b_box_rows=tiles.block_n // cluster, m_tiles=m_tiles,
-        units_total=units_total, grid_blocks=grid_blocks,
+        units_total=walk.units_total, grid_blocks=walk.grid_blocks, tail=tail, whole_units=walk.whole_units,
+        tail_splits=walk.tail_splits, tail_k_per_split=walk.tail_k_per_split, tail_first_row=walk.tail_first_row,
+        partial_rows=partial_rows,
         m_tail=m_tail, n_tail=gemm_n % tiles.block_n != 0, k_tail=gemm_k % tiles.block_k != 0,
         **{key: terms[key] for key in ("a_base", "a_delta_c", "a_origin", "a_checked")},
         pixel_flag=m_tail and not terms["a_checked"], pair_store=pair_store, store_mode=store_mode,
-        store_group=epilogue.group_channels(store_mode),
+        store_group=epilogue.group_channels(store_mode), partial_store_mode=partial_store_mode,
+        partial_store_group=epilogue.group_channels(partial_store_mode),
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
-        partial_index_type="long long" if splits * gemm_m * gemm_n > index.INT32_MAX else "int",
+        partial_index_type="long long" if max(splits, walk.tail_splits) * gemm_m * gemm_n > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("y", alg.output_shape, "out",
                       epilogue.STORE_BYTES if store_mode and splits == 1 else itemsize * reduce_width, spec.dtype))
-    if splits > 1:
-        buffers += (Buffer("partials", (splits, gemm_m, gemm_n), "workspace",
-                           epilogue.STORE_BYTES if store_mode else 4 * reduce_width),)
+    if splits > 1 or tail:
+        buffers += (Buffer("partials", (max(splits, walk.tail_splits), partial_rows, gemm_n), "workspace",
+                           epilogue.STORE_BYTES if partial_store_mode else 4 * reduce_width),)
     return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True,
                       tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
