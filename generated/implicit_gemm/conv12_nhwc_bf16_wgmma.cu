@@ -309,7 +309,6 @@ convgen_implicit_gemm_wgmma_afb93abccd(const __grid_constant__ convgen_tensor_ma
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
             // The other warpgroup may start the next unit's MMAs.
             if (unit + unit_stride < 100) asm volatile("bar.arrive %0, 256;" :: "r"(2 + 1 - group) : "memory");
-
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
             // output pixels (512 channels each).
             const idx_t m_tile = ((idx_t)(tile / 2)) * 64;

@@ -269,7 +269,6 @@ convgen_implicit_gemm_wgmma_1718854db9(const __grid_constant__ convgen_tensor_ma
             }
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
-
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
             // output pixels (64 channels each).
             const idx_t m_tile = ((idx_t)tile) * 256;

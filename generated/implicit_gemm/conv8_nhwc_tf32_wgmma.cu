@@ -244,7 +244,6 @@ convgen_implicit_gemm_wgmma_10da2c91f8(const __grid_constant__ convgen_tensor_ma
             }
             __syncwarp();
             if (lane == 0) convgen_barrier_arrive(empty + 8u * previous);
-
             // Epilogue: each sum stored from registers; channels-last output rows are
             // output pixels (128 channels each).
             const idx_t m_tile = ((idx_t)tile) * 256;

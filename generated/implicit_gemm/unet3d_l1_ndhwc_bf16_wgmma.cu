@@ -289,7 +289,6 @@ convgen_implicit_gemm_wgmma_c38bf0f76f(const __grid_constant__ convgen_tensor_ma
             }
             __syncwarp();
             if (lane < 2) convgen_barrier_arrive_remote(empty + 8u * previous, lane);
-
             // Epilogue: each sum rounded once to bfloat16 and stored from registers; channels-last output rows are
             // output pixels (32 channels each).
             const idx_t m_tile = ((idx_t)tile * 2 + rank) * 256;
