@@ -227,8 +227,20 @@ def test_heuristic_splits_the_tiles_of_a_short_last_round():
     for target in ("h100,sm_count=114", "h100,sm_count=100", "h100,sm_count=40"):   # exact; 3 ranges; 5 rounds
         assert "tail_split" not in wgmma_gemm.complete_fields(TAIL, shape, api.resolve_device(target, None)), target
     assert "tail_split" not in wgmma_gemm.heuristic_fields(replace(SPECS["2d-nhwc-odd"], n=1), H100)
-    lowered = MmaTiles.from_dict(wgmma_gemm.split_within(TAIL, fields, 1 << 10, card))
-    assert lowered.tail_split == 1 and lowered.split_k == 1
+    conv5 = replace(CONV5, padding=0)          # the benchmark's conv5: 400 tiles of 128x256, 3.03 rounds
+    assert wgmma_gemm.heuristic_fields(conv5, H100)["tail_split"] == 9
+    assert {f.get("tail_split", 1) for f in wgmma_gemm.tuning_fields(conv5, H100)} == {1, 9}
+    assert wgmma_gemm.split_within(TAIL, fields, 200_000, card)["tail_split"] == 7      # 7 x 25,600 bytes
+    for limit in (100_000, 1 << 10):   # room for 3 ranges or none: fewer than the heuristic takes, so no split
+        lowered = MmaTiles.from_dict(wgmma_gemm.split_within(TAIL, fields, limit, card))
+        assert lowered.tail_split == 1 and lowered.split_k == 1
+    other = FAMILY.plan(TAIL, tiles, api.resolve_device("h100,sm_count=113", None))   # 2 rounds and 2 tiles
+    assert other.launches[0].kernel != plan.launches[0].kernel      # the split is compiled in: the name says which
+    few = ConvSpec(dims=2, layout="NHWC", n=1, c=512, k=512, input_size=(7, 7), filter_size=3, padding=1,
+                   dtype="bfloat16")
+    assert wgmma_gemm.heuristic_fields(few, H100)["split_k"] == 16
+    asked = wgmma_gemm.complete_fields(few, {"wgmma": True, "tail_split": 2}, H100)
+    assert asked["tail_split"] == 2 and "split_k" not in asked        # not the heuristic's split-K with it
 
 
 def test_tail_split_is_refused_with_split_k_off_wgmma_and_past_the_k_slices():

@@ -370,10 +370,12 @@ def _advanced(step: Launch | BlasGemm, chunk: int) -> Launch | BlasGemm:
     return replace(step, offsets=tuple(chunk * s for s in step.chunk_strides), chunk_strides=None)
 
 
-def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles) -> str:
-    """``convgen_<family>_<variant>_<tag>``: the tag hashes spec and tiles, so kernels of several
-    emitted files can be linked into one program without clashing."""
-    tag = hashlib.sha256(f"{spec.describe()}|{tiles.describe()}".encode()).hexdigest()[:10]
+def kernel_name(family: str, variant: str, spec: ConvSpec, tiles: Tiles, schedule: str = "") -> str:
+    """``convgen_<family>_<variant>_<tag>``: the tag hashes spec and tiles (and ``schedule``, what else
+    the code depends on, such as the card's count of SMs), so kernels of several emitted files can be
+    linked into one program without clashing."""
+    key = f"{spec.describe()}|{tiles.describe()}" + (f"|{schedule}" if schedule else "")
+    tag = hashlib.sha256(key.encode()).hexdigest()[:10]
     return f"convgen_{family}_{variant}_{tag}"
 
 

@@ -367,9 +367,10 @@ def _wave_share(tiles: int, sm_count: int) -> float:
 
 
 def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> dict[str, Any]:
-    """``fields`` with the stages and split_k the heuristic takes for their tile, but those named in
-    ``kept``: the schedule's stages (``PINGPONG_STAGES`` or ``DEFAULT_STAGES``) or as many as fit,
-    and the split of ``_split_k``; both counted in 128-byte slices, so that a narrower slice keeps
+    """``fields`` with the stages, split_k and tail_split the heuristic takes for their tile, but those
+    named in ``kept``: the schedule's stages (``PINGPONG_STAGES`` or ``DEFAULT_STAGES``) or as many as
+    fit, the split of ``_split_k`` (none where a tail split is asked for) and the last round's of
+    ``_tail_split`` (none with split-K); all counted in 128-byte slices, so that a narrower slice keeps
     as many bytes in flight and splits K at the same lengths."""
     fields = dict(fields)
     width = fields["block_k"] * spec.dtype.itemsize
@@ -384,7 +385,7 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
         fields.pop("split_k", None)
         split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]), wide_slices,
                          device.sm_count)
-        if split > 1:
+        if split > 1 and not ("tail_split" in kept and fields.get("tail_split") != 1):
             fields["split_k"] = split
     if "tail_split" not in kept:
         fields.pop("tail_split", None)
@@ -483,11 +484,12 @@ def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device
 def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int,
                  device: Device | str | None = None) -> dict[str, Any]:
     """``fields`` with split_k and tail_split lowered to the most ranges whose partial tiles fit
-    ``limit`` bytes (unsplit where none do), as cuDNN's algorithm choice holds to a workspace limit."""
+    ``limit`` bytes (unsplit where none do, or where the last round would take fewer ranges than the
+    heuristic splits it into), as cuDNN's algorithm choice holds to a workspace limit."""
     fields = dict(fields)
-    for name in ("split_k", "tail_split"):
+    for name, fewest in (("split_k", 2), ("tail_split", MIN_TAIL_SPLIT)):
         while fields.get(name, 1) > 1 and split_workspace_bytes(spec, fields, device) > limit:
-            fields[name] -= 1
+            fields[name] = fields[name] - 1 if fields[name] > fewest else 1
         if fields.get(name, 1) == 1:
             fields.pop(name, None)
     return fields
@@ -497,9 +499,8 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     """The WGMMA tiles a user asked for, the rest from the heuristic fitted to them: a consumer
     warpgroup spans block_n; with pingpong (the heuristic's unless block_m or warp_m is asked for
     without it, or its rows cannot span the block_n asked for) it takes whole tiles of 64 or 128
-    rows, else half of block_m from 128 rows up;
-    stages and split_k not asked for are chosen again for the completed tile, as the heuristic
-    chooses them."""
+    rows, else half of block_m from 128 rows up; stages, split_k and tail_split not asked for are
+    chosen again for the completed tile, as the heuristic chooses them."""
     device = as_device(device)
     base = heuristic_fields(spec, device)
     rows_asked = any(isinstance(requested.get(name), int) for name in ("block_m", "warp_m"))
@@ -535,8 +536,9 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     warpgroups of 64 or 128 rows sharing each tile or two taking alternate tiles (ping-pong),
     ``TUNING_STAGES`` stages (in 128-byte slices), where they fit; split-K in ``TUNING_SPLITS``
     where the tiles are fewer than the SMs; 128-byte slices and, where C takes A by TMA only in
-    narrower ones, those, alone and in clusters of 2 (``_narrowed``)."""
-    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    narrower ones, those, alone and in clusters of 2 (``_narrowed``); each unsplit tile also with
+    its last round split as the heuristic would split it (``_tail_split``)."""
+    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
     widths = sorted({SLICE_CHOICES[0], tma_slice_bytes(spec) or SLICE_CHOICES[0]}, reverse=True)
@@ -553,13 +555,17 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
                     clusters = CLUSTER_CHOICES if width < SLICE_CHOICES[0] else CLUSTER_CHOICES[:1]
                     for cluster in clusters:
                         clustered = {**fields, **({"cluster_m": cluster} if cluster > 1 else {})}
-                        try:
-                            shape = _Shape(**clustered)
-                            check_geometry(shape)
-                            check_tiles(spec, shape, device)
-                        except SpecError:
-                            continue
-                        space.append(clustered)
+                        units = -(-gemm_m // (warp_m * count * cluster)) * -(-gemm_n // block_n)
+                        tail = 1 if split > 1 else _tail_split(units, max(1, device.sm_count // cluster),
+                                                                -(-gemm_k * spec.dtype.itemsize // SLICE_CHOICES[0]))
+                        for candidate in (clustered, {**clustered, "tail_split": tail}) if tail > 1 else (clustered,):
+                            try:
+                                shape = _Shape(**candidate)
+                                check_geometry(shape)
+                                check_tiles(spec, shape, device)
+                            except SpecError:
+                                continue
+                            space.append(candidate)
     return space
 
 
@@ -707,7 +713,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     cluster = tiles.cluster_m
     tail = walk.tail_tiles > 0
     partial_rows = gemm_m - walk.tail_first_row if tail else gemm_m
-    name = kernel_name(family.name, VARIANT, spec, tiles)
+    name = kernel_name(family.name, VARIANT, spec, tiles,
+                       f"whole units {walk.whole_units} of {walk.units}" if tail else "")   # the split depends on the SMs
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
     pair_store = gemm_n % 2 == 0
