@@ -2,8 +2,8 @@
 //   spec:  2D NHWC n=128 c=256 k=256 input=14x14 filter=3x3 stride=1,1 padding=0,0 dilation=1,1 bfloat16
 //   tiles: block_m=128 block_n=128 block_k=64 warp_m=128 warp_n=128 stages=5 wgmma=True pingpong=True tail_split=5
 //   index type: int (largest index 6422527)
-//   launch convgen_implicit_gemm_wgmma_7b60c93f9a: grid (132, 1, 1) block (384, 1, 1) shared 164944 B
-//   launch convgen_implicit_gemm_wgmma_7b60c93f9a_reduce: grid (768, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_wgmma_c6a79c7736: grid (132, 1, 1) block (384, 1, 1) shared 164944 B
+//   launch convgen_implicit_gemm_wgmma_c6a79c7736_reduce: grid (768, 1, 1) block (256, 1, 1)
 //   buffers: in x[128][14][14][256], in w[256][3][3][256], out y[128][12][12][256], workspace partials[5][1536][256]
 //   workspace: 7,864,320 bytes (7.5 MiB) of scratch beyond inputs and output
 
@@ -188,15 +188,15 @@ static __device__ __forceinline__ unsigned convgen_round_pair(float low, float h
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 132 persistent blocks take the 288 tiles of 128x128 (tile = block, block + 132, ...; output-channel tiles fastest),
 // each of 36 k-slice(s) of 64 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// Units from 264 on are the last round's 24 tile(s) of work, each split into 5 ranges of up to 8
-// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_7b60c93f9a_reduce adds up: the round takes a fraction of a
+// Units from 264 on are the last round's 24 unit(s) of work, each split into 5 ranges of up to 8
+// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_c6a79c7736_reduce adds up: the round takes a fraction of a
 // round's time rather than a whole one.
 // The producer warpgroup's first thread copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
 // its slice of B with one TMA copy (zeros past N and K), into a ring of 5 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 128x128 wait on it, issue m64n128k16 MMAs from shared memory, and release the stage on its "empty" mbarrier;
 // ping-pong: the two consumer warpgroups take alternate tiles whole, one's epilogue under the other's MMAs.
 extern "C" __global__ void __launch_bounds__(384, 1)
-convgen_implicit_gemm_wgmma_7b60c93f9a(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
+convgen_implicit_gemm_wgmma_c6a79c7736(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
                                        convgen_element* __restrict__ y, float* __restrict__ partials)
 {
     // Dynamic shared memory (164944 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
@@ -377,7 +377,7 @@ convgen_implicit_gemm_wgmma_7b60c93f9a(const __grid_constant__ convgen_tensor_ma
 // thread i takes partial elements 2i and 2i + 1 (a channel pair: the output channels are even) of the 393216
 // (rows 16896.. of M), where a last-round unit computed it.
 extern "C" __global__ void __launch_bounds__(256)
-convgen_implicit_gemm_wgmma_7b60c93f9a_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
+convgen_implicit_gemm_wgmma_c6a79c7736_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
 {
     const int e = ((int)blockIdx.x * 256 + threadIdx.x) * 2;
     if (e >= 393216) return;
@@ -482,10 +482,10 @@ extern "C" cudaError_t convgen_implicit_gemm_conv11_nhwc_bf16_wgmma(const __nv_b
                                                               64, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
         if (encoded != cudaSuccess) return encoded;
     }
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_7b60c93f9a, cudaFuncAttributeMaxDynamicSharedMemorySize, 164944);
+    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_c6a79c7736, cudaFuncAttributeMaxDynamicSharedMemorySize, 164944);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_wgmma_7b60c93f9a<<<dim3(132, 1, 1), dim3(384, 1, 1), 164944, stream>>>(w_map, x_map, y, partials);
-    convgen_implicit_gemm_wgmma_7b60c93f9a_reduce<<<dim3(768, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
+    convgen_implicit_gemm_wgmma_c6a79c7736<<<dim3(132, 1, 1), dim3(384, 1, 1), 164944, stream>>>(w_map, x_map, y, partials);
+    convgen_implicit_gemm_wgmma_c6a79c7736_reduce<<<dim3(768, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
     return cudaGetLastError();
 }
 

@@ -2,8 +2,8 @@
 //   spec:  2D NHWC n=128 c=96 k=256 input=24x24 filter=5x5 stride=1,1 padding=0,0 dilation=1,1 bfloat16
 //   tiles: block_m=128 block_n=256 block_k=32 warp_m=64 warp_n=256 stages=8 wgmma=True cluster_m=2 tail_split=9
 //   index type: int (largest index 13107199)
-//   launch convgen_implicit_gemm_wgmma_0aa61f3caa: grid (132, 1, 1) block (384, 1, 1) shared 197760 B
-//   launch convgen_implicit_gemm_wgmma_0aa61f3caa_reduce: grid (256, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_wgmma_a97541a2d1: grid (132, 1, 1) block (384, 1, 1) shared 197760 B
+//   launch convgen_implicit_gemm_wgmma_a97541a2d1_reduce: grid (256, 1, 1) block (256, 1, 1)
 //   buffers: in x[128][24][24][96], in w[256][5][5][96], out y[128][20][20][256], workspace partials[9][512][256]
 //   workspace: 4,718,592 bytes (4.5 MiB) of scratch beyond inputs and output
 
@@ -215,15 +215,15 @@ static __device__ __forceinline__ unsigned convgen_round_pair(float low, float h
 // 66 persistent clusters of 2 blocks take the 216 work units (unit = cluster, cluster + 66, ...; output-channel
 // tiles fastest), each 2 neighbouring M tiles of 128x256 of one channel tile, the block of rank r the r-th; 400 tiles, each of 75 k-slice(s) of 32 elements (64-byte rows, A and B k-major, in the
 // 64-byte swizzle).
-// Units from 198 on are the last round's 2 tile(s) of work, each split into 9 ranges of up to 9
-// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_0aa61f3caa_reduce adds up: the round takes a fraction of a
+// Units from 198 on are the last round's 2 unit(s) of work (4 tiles), each split into 9 ranges of up to 9
+// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_a97541a2d1_reduce adds up: the round takes a fraction of a
 // round's time rather than a whole one.
 // The producer warpgroup's first thread copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
 // its slice of B with one TMA copy (zeros past N and K), multicast to the cluster's 2 blocks, each of which copies 128 of the
 // 256 rows, into a ring of 8 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 64x256 wait on it, issue m64n256k16 MMAs from shared memory, and release the stage on its "empty" mbarrier.
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
-convgen_implicit_gemm_wgmma_0aa61f3caa(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
+convgen_implicit_gemm_wgmma_a97541a2d1(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
                                        convgen_element* __restrict__ y, float* __restrict__ partials)
 {
     // Dynamic shared memory (197760 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
@@ -399,7 +399,7 @@ convgen_implicit_gemm_wgmma_0aa61f3caa(const __grid_constant__ convgen_tensor_ma
 // thread i takes partial elements 2i and 2i + 1 (a channel pair: the output channels are even) of the 131072
 // (rows 50688.. of M).
 extern "C" __global__ void __launch_bounds__(256)
-convgen_implicit_gemm_wgmma_0aa61f3caa_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
+convgen_implicit_gemm_wgmma_a97541a2d1_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
 {
     const int e = ((int)blockIdx.x * 256 + threadIdx.x) * 2;
     if (e >= 131072) return;
@@ -502,10 +502,10 @@ extern "C" cudaError_t convgen_implicit_gemm_conv5_nhwc_bf16_wgmma(const __nv_bf
                                                               32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_64B);
         if (encoded != cudaSuccess) return encoded;
     }
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_0aa61f3caa, cudaFuncAttributeMaxDynamicSharedMemorySize, 197760);
+    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_a97541a2d1, cudaFuncAttributeMaxDynamicSharedMemorySize, 197760);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_wgmma_0aa61f3caa<<<dim3(132, 1, 1), dim3(384, 1, 1), 197760, stream>>>(w_map, x_map, y, partials);
-    convgen_implicit_gemm_wgmma_0aa61f3caa_reduce<<<dim3(256, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
+    convgen_implicit_gemm_wgmma_a97541a2d1<<<dim3(132, 1, 1), dim3(384, 1, 1), 197760, stream>>>(w_map, x_map, y, partials);
+    convgen_implicit_gemm_wgmma_a97541a2d1_reduce<<<dim3(256, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
     return cudaGetLastError();
 }
 

@@ -2,8 +2,8 @@
 //   spec:  2D NHWC n=128 c=96 k=256 input=24x24 filter=5x5 stride=1,1 padding=0,0 dilation=1,1 float32 math=tf32
 //   tiles: block_m=128 block_n=256 block_k=32 warp_m=64 warp_n=256 stages=4 wgmma=True tail_split=18
 //   index type: int (largest index 13107199)
-//   launch convgen_implicit_gemm_wgmma_a14d026296: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
-//   launch convgen_implicit_gemm_wgmma_a14d026296_reduce: grid (256, 1, 1) block (256, 1, 1)
+//   launch convgen_implicit_gemm_wgmma_9e229495d3: grid (132, 1, 1) block (384, 1, 1) shared 197696 B
+//   launch convgen_implicit_gemm_wgmma_9e229495d3_reduce: grid (256, 1, 1) block (256, 1, 1)
 //   buffers: in x[128][24][24][96], in w[256][5][5][96], out y[128][20][20][256], workspace partials[15][512][256]
 //   workspace: 7,864,320 bytes (7.5 MiB) of scratch beyond inputs and output
 
@@ -160,14 +160,14 @@ static __device__ __forceinline__ float4 convgen_pair_exchange(float2 even_group
 // k (channel, tap), zero in the padding; B(n, k) is filter row n in its own memory order.
 // 132 persistent blocks take the 400 tiles of 128x256 (tile = block, block + 132, ...; output-channel tiles fastest),
 // each of 75 k-slice(s) of 32 elements (128-byte rows, A and B k-major, in the 128-byte swizzle).
-// Units from 396 on are the last round's 4 tile(s) of work, each split into 15 ranges of up to 5
-// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_a14d026296_reduce adds up: the round takes a fraction of a
+// Units from 396 on are the last round's 4 unit(s) of work, each split into 15 ranges of up to 5
+// k-slices whose FP32 partial tiles go to `partials`, which convgen_implicit_gemm_wgmma_9e229495d3_reduce adds up: the round takes a fraction of a
 // round's time rather than a whole one.
 // The producer warpgroup's first thread copies each slice of A with one im2col TMA copy (zeros for padding and past M) and
 // its slice of B with one TMA copy (zeros past N and K), into a ring of 4 stages, arriving on the stage's "full" mbarrier; 2 consumer warpgroup(s)
 // of 64x256 wait on it, issue m64n256k8 MMAs from shared memory, and release the stage on its "empty" mbarrier.
 extern "C" __global__ void __launch_bounds__(384, 1)
-convgen_implicit_gemm_wgmma_a14d026296(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
+convgen_implicit_gemm_wgmma_9e229495d3(const __grid_constant__ convgen_tensor_map w_map, const __grid_constant__ convgen_tensor_map x_map,
                                        convgen_element* __restrict__ y, float* __restrict__ partials)
 {
     // Dynamic shared memory (197696 bytes): up to 1008 bytes to reach a 1024-byte boundary (the swizzle's
@@ -327,7 +327,7 @@ convgen_implicit_gemm_wgmma_a14d026296(const __grid_constant__ convgen_tensor_ma
 // thread i takes partial elements 2i and 2i + 1 (a channel pair: the output channels are even) of the 131072
 // (rows 50688.. of M).
 extern "C" __global__ void __launch_bounds__(256)
-convgen_implicit_gemm_wgmma_a14d026296_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
+convgen_implicit_gemm_wgmma_9e229495d3_reduce(const float* __restrict__ partials, convgen_element* __restrict__ y)
 {
     const int e = ((int)blockIdx.x * 256 + threadIdx.x) * 2;
     if (e >= 131072) return;
@@ -430,10 +430,10 @@ extern "C" cudaError_t convgen_implicit_gemm_conv5_nhwc_tf32_wgmma(const float* 
                                                               32, 128, element_strides, CU_TENSOR_MAP_SWIZZLE_128B);
         if (encoded != cudaSuccess) return encoded;
     }
-    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_a14d026296, cudaFuncAttributeMaxDynamicSharedMemorySize, 197696);
+    const cudaError_t opted = cudaFuncSetAttribute(convgen_implicit_gemm_wgmma_9e229495d3, cudaFuncAttributeMaxDynamicSharedMemorySize, 197696);
     if (opted != cudaSuccess) return opted;
-    convgen_implicit_gemm_wgmma_a14d026296<<<dim3(132, 1, 1), dim3(384, 1, 1), 197696, stream>>>(w_map, x_map, y, partials);
-    convgen_implicit_gemm_wgmma_a14d026296_reduce<<<dim3(256, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
+    convgen_implicit_gemm_wgmma_9e229495d3<<<dim3(132, 1, 1), dim3(384, 1, 1), 197696, stream>>>(w_map, x_map, y, partials);
+    convgen_implicit_gemm_wgmma_9e229495d3_reduce<<<dim3(256, 1, 1), dim3(256, 1, 1), 0, stream>>>(partials, y);
     return cudaGetLastError();
 }
 
