@@ -443,6 +443,9 @@ class Schedule:
 
 
 def schedule(spec: ConvSpec, tiles, device: Device) -> Schedule:
+    """The walk of ``tiles`` on ``device``'s SMs: a last round split only where whole rounds come
+    before it (``tail_split`` ranges of whole slices, as ``split_k``'s); refused, naming the field,
+    where tail_split passes the k-slices."""
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
     cluster = tiles.cluster_m
