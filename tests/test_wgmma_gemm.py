@@ -694,6 +694,55 @@ def test_emitted_split_k_file_takes_its_workspace_and_builds_with_plain_nvcc(tmp
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 4), size=st.tuples(st.integers(5, 40), st.integers(5, 40)), c=st.integers(1, 16),
+       k=st.integers(8, 300), filt=st.integers(1, 3), three_d=st.booleans(), shape=st.sampled_from(SHAPES),
+       cluster=st.sampled_from((1, 2)), tail_split=st.integers(2, 6), sm_count=st.integers(1, 12))
+def test_the_schedule_covers_every_tile_and_k_slice_once(n, size, c, k, filt, three_d, shape, cluster, tail_split,
+                                                         sm_count):
+    """The work units of a plan with a tail split, walked as the kernel walks them: every (tile, k-slice)
+    of the GEMM is one unit's, the last round's tiles in ranges of whole slices, none empty; its split
+    tiles' rows lie in the partial tiles, and the grid is whole clusters of at most the card's SMs.
+    Cards of 1-12 SMs, so that a few tiles make several rounds (about a quarter of the draws split
+    a last round, clusters and several channel tiles among them)."""
+    if three_d:
+        spec = ConvSpec(dims=3, layout="NDHWC", n=n, c=8 * c, k=k, input_size=(4, *size), filter_size=filt,
+                        padding=filt // 2, dtype="bfloat16")
+    else:
+        spec = ConvSpec(dims=2, layout="NHWC", n=n, c=8 * c, k=k, input_size=size, filter_size=filt,
+                        stride=1 + k % 2, padding=filt // 2, dtype="bfloat16")
+    card = dataclasses.replace(H100, sm_count=sm_count)
+    try:
+        tiles = dataclasses.replace(_tiles(spec, *shape, cluster_m=cluster), tail_split=tail_split)
+        check_tiles(spec, tiles, card)
+    except SpecError:
+        assume(False)
+    walk = wgmma_gemm.schedule(spec, tiles, card)
+    plan = FAMILY.plan(spec, tiles, card)
+    k_tiles = plan.context.k_tiles
+    covered = {}
+    for unit in range(walk.units_total):
+        whole = unit < walk.whole_units
+        tile = unit if whole else walk.whole_units + (unit - walk.whole_units) // walk.tail_splits
+        begin = 0 if whole else (unit - walk.whole_units) % walk.tail_splits * walk.tail_k_per_split
+        end = k_tiles if whole else min(begin + walk.tail_k_per_split, k_tiles)
+        assert begin < end, (unit, walk)
+        for kt in range(begin, end):
+            assert (tile, kt) not in covered
+            covered[tile, kt] = unit
+        if not whole:
+            assert (tile // walk.n_tiles) * cluster * tiles.block_m >= walk.tail_first_row
+    assert len(covered) == walk.units * k_tiles
+    assert walk.grid_blocks % cluster == 0 and walk.grid_blocks <= max(cluster, sm_count // cluster * cluster)
+    if walk.tail_tiles:
+        gemm_m = plan.context.GEMM_M
+        assert walk.units > walk.slots and walk.tail_tiles == walk.units % walk.slots
+        assert [b.shape for b in plan.workspaces] == [(walk.tail_splits, gemm_m - walk.tail_first_row, plan.context.GEMM_N)]
+        assert len(plan.launches) == 2
+    else:
+        assert not plan.workspaces and len(plan.launches) == 1
+
+
 @settings(max_examples=6)
 @given(spec=specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=GEMM_RANGES["max_k"], max_elements=1 << 16,
                   max_filter=3), c=st.integers(1, 5), shape=st.sampled_from(SHAPES))
