@@ -379,8 +379,8 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
         fields["stages"] = (PINGPONG_STAGES if fields.get("pingpong") else DEFAULT_STAGES) * narrowing
         while fields["stages"] > 2 and shared_bytes(spec, _shape(fields)) > device.shared_per_block:
             fields["stages"] -= 1
-    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
-    wide_slices = -(-gemm_k // (fields["block_k"] * narrowing))
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    wide_slices = _wide_slices(spec)
     if "split_k" not in kept:
         fields.pop("split_k", None)
         split = _split_k(_tile_count(gemm_m, gemm_n, fields["block_m"], fields["block_n"]), wide_slices,
@@ -389,9 +389,8 @@ def _fitted(spec: ConvSpec, fields: dict[str, Any], device: Device, kept=()) -> 
             fields["split_k"] = split
     if "tail_split" not in kept:
         fields.pop("tail_split", None)
-        cluster = fields.get("cluster_m", 1)
-        units = -(-gemm_m // (fields["block_m"] * cluster)) * -(-gemm_n // fields["block_n"])
-        tail = _tail_split(units, max(1, device.sm_count // cluster), wide_slices)
+        tail = _tail_split(*_work(gemm_m, gemm_n, fields["block_m"], fields["block_n"], fields.get("cluster_m", 1),
+                                  device.sm_count), wide_slices)
         if tail > 1 and fields.get("split_k", 1) == 1:
             fields["tail_split"] = tail
     return fields
@@ -408,6 +407,17 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     if SPLIT_SM_SHARE * tiles > sm_count:
         return 1
     return max(1, min(MAX_SPLIT_K, sm_count // tiles, k_tiles // MIN_SPLIT_SLICES))
+
+
+def _work(gemm_m: int, gemm_n: int, block_m: int, block_n: int, cluster: int, sm_count: int) -> tuple[int, int]:
+    """(work units, slots): the output tiles in clusters of ``cluster`` M tiles, and the blocks (or
+    clusters) of the persistent grid that take them a round at a time."""
+    return -(-gemm_m // (block_m * cluster)) * -(-gemm_n // block_n), max(1, sm_count // cluster)
+
+
+def _wide_slices(spec: ConvSpec) -> int:
+    """K in 128-byte slices, the unit the split rules count in whatever the slice's width."""
+    return -(-gemm_sizes(index.IndexAlgebra(spec))[2] * spec.dtype.itemsize // SLICE_CHOICES[0])
 
 
 def _tail_split(units: int, slots: int, k_tiles: int) -> int:
@@ -449,8 +459,7 @@ def schedule(spec: ConvSpec, tiles, device: Device) -> Schedule:
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     m_tiles, n_tiles = -(-gemm_m // tiles.block_m), -(-gemm_n // tiles.block_n)
     cluster = tiles.cluster_m
-    units = -(-m_tiles // cluster) * n_tiles
-    slots = max(1, device.sm_count // cluster)
+    units, slots = _work(gemm_m, gemm_n, tiles.block_m, tiles.block_n, cluster, device.sm_count)
     splits, _ = k_split(spec, tiles)
     tail_tiles, tail_splits, per_range = 0, 1, 0
     if tiles.tail_split > 1:
@@ -541,7 +550,8 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
     where the tiles are fewer than the SMs; 128-byte slices and, where C takes A by TMA only in
     narrower ones, those, alone and in clusters of 2 (``_narrowed``); each unsplit tile also with
     its last round split as the heuristic would split it (``_tail_split``)."""
-    gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    wide_slices = _wide_slices(spec)
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     space = []
     widths = sorted({SLICE_CHOICES[0], tma_slice_bytes(spec) or SLICE_CHOICES[0]}, reverse=True)
@@ -558,9 +568,8 @@ def tuning_fields(spec: ConvSpec, device: Device) -> list[dict[str, Any]]:
                     clusters = CLUSTER_CHOICES if width < SLICE_CHOICES[0] else CLUSTER_CHOICES[:1]
                     for cluster in clusters:
                         clustered = {**fields, **({"cluster_m": cluster} if cluster > 1 else {})}
-                        units = -(-gemm_m // (warp_m * count * cluster)) * -(-gemm_n // block_n)
-                        tail = 1 if split > 1 else _tail_split(units, max(1, device.sm_count // cluster),
-                                                                -(-gemm_k * spec.dtype.itemsize // SLICE_CHOICES[0]))
+                        work = _work(gemm_m, gemm_n, warp_m * count, block_n, cluster, device.sm_count)
+                        tail = 1 if split > 1 else _tail_split(*work, wide_slices)
                         for candidate in (clustered, {**clustered, "tail_split": tail}) if tail > 1 else (clustered,):
                             try:
                                 shape = _Shape(**candidate)
