@@ -236,9 +236,10 @@ class Kernel:
                 self._launcher.run(device_id, pointers, stream.ptr, _cupy_workspace)
 
 
-_STREAM_WORKSPACES: dict[tuple[int, int], tuple[Any, int, int]] = {}
-"""Per (device, stream handle): the workspace tensor every kernel's calls on that stream share, its address and
-its bytes (``_torch_workspace``)."""
+_STREAM_WORKSPACES: dict[tuple[int, int, str], tuple[Any, int, int]] = {}
+"""Per (device, stream handle, workspace name): the workspace tensor every kernel's calls on that stream share,
+its address and its bytes (``_torch_workspace``). A plan's workspaces have distinct names (3xTF32's split
+filter and split-K's partial tiles), so that none of them shares memory with another of the same call."""
 
 
 def _torch_workspace(buffer: Buffer, device_id: int):
@@ -252,7 +253,7 @@ def _torch_workspace(buffer: Buffer, device_id: int):
     if torch._C._cuda_isCurrentStreamCapturing():
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_id))
         return workspace, workspace.data_ptr()
-    key = (device_id, torch._C._cuda_getCurrentRawStream(device_id))
+    key = (device_id, torch._C._cuda_getCurrentRawStream(device_id), buffer.name)
     kept = _STREAM_WORKSPACES.get(key)
     if kept is None or kept[2] < nbytes:
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_id))
