@@ -165,6 +165,30 @@ def test_split_k_workspace_is_kept_per_stream_and_fresh_under_capture():
     assert not api._STREAM_WORKSPACES
 
 
+def test_three_tf32_split_k_takes_its_two_workspaces_apart():
+    """A 3xTF32 split-K plan on the WGMMA kernel takes two workspaces (the split filter and the partial tiles): each
+    kept per stream under its own name, so that neither overwrites the other. Checked against cuDNN's FP32."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("3xTF32's split filter: the WGMMA kernel, sm_90")
+    from codegen import api
+
+    convgen_torch.clear_kernels()
+    x = torch.randn(1, 512, 7, 7, device="cuda").contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(512, 512, 3, 3, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = convgen_torch.conv(x, weight, padding=1, math="3xtf32")
+    again = convgen_torch.conv(x, weight, padding=1, math="3xtf32")
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        expected = F.conv2d(x, weight, padding=1)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
+    names = {key[2] for key in api._STREAM_WORKSPACES}
+    assert names == {"w_split", "partials"}, names
+    assert _relative(y, expected) <= 1e-5 and torch.equal(y, again)
+    convgen_torch.clear_kernels()
+
+
 def _example_network():
     sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
     try:

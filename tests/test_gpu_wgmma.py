@@ -1,5 +1,5 @@
 """GPU tier of implicit_gemm's WGMMA kernel (codegen.families.wgmma_gemm, sm_90 only): channels-last
-float16, bfloat16 and float32 with math tf32, with 16-byte channel runs, on random normal inputs rounded to the storage type
+float16, bfloat16 and float32 with math tf32 or 3xtf32, with 16-byte channel runs, on random normal inputs rounded to the storage type
 (bfloat16 as uint16 bits), outputs NaN-poisoned before each launch (and the channel pitch's padding
 NaN, so a read of it shows), each output within ``codegen.precision.error_bound`` of the float64
 convolution of the stored inputs (for TF32, the bound of operands truncated to TF32, as the kernel's
@@ -21,13 +21,14 @@ from codegen.families import wgmma_gemm
 from codegen.families.mma_gemm import FAMILY, MmaTiles, check_tiles
 from codegen.fuzz import specs
 from codegen.index import IndexAlgebra
-from codegen.spec import ConvSpec, DType, Layout, SpecError, replace
+from codegen.spec import ConvSpec, DType, Layout, MathMode, SpecError, replace
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(device_arch() not in (None, "sm_90"), reason="wgmma runs on sm_90 GPUs only")]
 GPU = settings.get_profile("gpu")
 NAN_BITS = {DType.float16: np.float16(np.nan), DType.bfloat16: np.uint16(0x7FC0), DType.float32: np.float32(np.nan)}
-PRECISIONS = ({"dtype": "float16"}, {"dtype": "bfloat16"}, {"dtype": "float32", "math": "tf32"})
+PRECISIONS = ({"dtype": "float16"}, {"dtype": "bfloat16"}, {"dtype": "float32", "math": "tf32"},
+              {"dtype": "float32", "math": "3xtf32"})
 MAX_ELEMENTS = 1 << 16
 
 
@@ -48,7 +49,7 @@ def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles, sm_count
     assert tiles.wgmma
     device = present() if sm_count is None else dataclasses.replace(present(), sm_count=sm_count)
     kernel = compile_plan(FAMILY.plan(spec, tiles, device), device_arch())
-    assert kernel.plan.tf32_truncated == (spec.dtype is DType.float32)   # what _assert_within_bound assumes
+    assert kernel.plan.tf32_truncated == (spec.math is MathMode.tf32)   # what _assert_within_bound assumes
     out = cupy.full(kernel.plan.output.shape, NAN_BITS[spec.dtype], dtype=NAN_BITS[spec.dtype].dtype)
     if kernel.plan.workspaces:   # split-K's partial tiles, NaN-poisoned too, so that one never written shows
         def poisoned(buffer, device_id):
@@ -65,7 +66,7 @@ def _run(spec: ConvSpec, x: np.ndarray, w: np.ndarray, tiles: MmaTiles, sm_count
 
 def _assert_within_bound(spec: ConvSpec, result: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
     expected = FAMILY.reference(spec, x, w)
-    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.dtype is DType.float32)
+    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.math is MathMode.tf32)
     excess = np.abs(result - expected) - bound
     unwritten = int(np.isnan(result).sum())
     assert not unwritten, f"{spec.describe()}: {unwritten} output(s) never written (NaN)"
@@ -79,10 +80,11 @@ def _assert_within_bound(spec: ConvSpec, result: np.ndarray, x: np.ndarray, w: n
 def covered_specs(draw) -> ConvSpec:
     """Channels-last 2D and 3D specs of every geometry and precision with C and the pitch multiples
     of a 16-byte copy's elements and up to 300 output channels (tails along every GEMM axis, several
-    channel tiles of 256); a third with C a multiple of the 128-byte slice, whose A comes by TMA."""
+    channel tiles of 256); a third with C a multiple of the 128-byte slice, whose A comes by TMA. 3xtf32's
+    C is a multiple of 8, so that A comes by TMA in some slice."""
     base = draw(specs(layouts=(Layout.NHWC, Layout.NDHWC), max_k=300, max_elements=MAX_ELEMENTS, max_filter=5))
     precision_fields = draw(st.sampled_from(PRECISIONS))
-    unit = 4 if precision_fields["dtype"] == "float32" else 8
+    unit = 4 if precision_fields.get("math") == "tf32" else 8
     if draw(st.integers(0, 2)) == 0:
         c = 8 * unit * draw(st.integers(1, 2))    # a slice is 32 float32 or 64 16-bit channels
     else:
@@ -119,6 +121,7 @@ def wgmma_tiles(draw, spec: ConvSpec) -> MmaTiles:
 @GPU
 @given(spec=covered_specs(), seed=st.integers(0, 2**16))
 def test_heuristic_tiles_within_the_error_bound(spec, seed):
+    assume(wgmma_gemm.preferred(spec))   # else the heuristic takes mma.sync
     tiles = FAMILY.heuristic_tiles(spec, present())
     x, w = _inputs(spec, seed)
     _assert_within_bound(spec, _run(spec, x, w, tiles), x, w)
@@ -258,6 +261,21 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                                           padding=2, dtype="float32", math="tf32"), None),
     "narrow-heuristic-bf16-c96-3d": (ConvSpec(dims=3, layout="NDHWC", n=2, c=96, k=64, input_size=(6, 10, 12),
                                               filter_size=3, padding=1, dtype="bfloat16"), None),
+    "3xtf32-m-n-k-tails-two-consumers": (ConvSpec(dims=2, layout="NHWC", n=3, c=40, k=75, input_size=(17, 23),
+                                                  filter_size=3, stride=2, padding=1, dilation=(1, 2), dpitch=48,
+                                                  dtype="float32", math="3xtf32"), (128, 64, 64, 4, False, 1, 1, 32)),
+    "3xtf32-odd-slices-pingpong": (ConvSpec(dims=2, layout="NHWC", n=4, c=96, k=70, input_size=(21, 19), filter_size=3,
+                                            padding=1, dtype="float32", math="3xtf32"), (64, 128, 64, 3, True)),
+    "3xtf32-cluster-2-narrow-3d": (ConvSpec(dims=3, layout="NDHWC", n=2, c=48, k=96, input_size=(5, 9, 11),
+                                            filter_size=3, padding=1, dpitch=52, dtype="float32", math="3xtf32"),
+                                   (128, 64, 64, 6, False, 1, 2, 64)),
+    "3xtf32-split-k-uneven": (ConvSpec(dims=2, layout="NHWC", n=1, c=160, k=72, input_size=(9, 11), filter_size=3,
+                                       padding=1, dtype="float32", math="3xtf32"), (64, 64, 64, 3, True, 3)),
+    "3xtf32-tail-split-cluster-2": (ConvSpec(dims=2, layout="NHWC", n=8, c=32, k=96, input_size=(33, 31),
+                                             filter_size=3, padding=1, dtype="float32", math="3xtf32"),
+                                    (64, 128, 64, 3, True, 1, 2, 128, 4)),
+    "3xtf32-heuristic": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=130, input_size=(20, 18), filter_size=3,
+                                  padding=1, dtype="float32", math="3xtf32"), None),
 }
 
 
@@ -290,6 +308,8 @@ SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several wor
     "tail-split-fp16-odd-k-pingpong": 11,            # 15 tiles: 11 whole, 4 in 3 ranges of 2 of the 6 slices
     "tail-split-tf32-cluster-2-pingpong": 8,         # 4 clusters: 87 units of 2 M tiles, 84 whole, 3 in 3 ranges
     "tail-split-narrow-3d": 10,                      # 5 clusters: 6 units of 2 M tiles, 5 whole, 1 in 7 ranges
+    "3xtf32-odd-slices-pingpong": 5,                 # 25 tiles of 27 slices (odd: the last slice's sums in even)
+    "3xtf32-tail-split-cluster-2": 10,               # 5 clusters: 64 units of 2 M tiles, 60 whole, 4 in 4 ranges
 }
 
 
@@ -361,10 +381,12 @@ def test_build_runs_the_wgmma_kernel_on_the_h100():
 @settings(GPU, max_examples=min(GPU.max_examples, 20))
 @given(spec=covered_specs(), seed=st.integers(0, 2**16))
 def test_against_torch_at_the_same_precision(spec, seed):
-    """Both results lie within the bound of the exact one, so they differ by at most twice it."""
+    """Both results lie within the bound of the exact one, so they differ by at most twice it (3xtf32
+    against cuDNN's FP32)."""
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
+    assume(wgmma_gemm.preferred(spec))   # else the heuristic takes mma.sync
     x, w = _inputs(spec, seed)
     ours = _run(spec, x, w, FAMILY.heuristic_tiles(spec, present()))
     dtype = {DType.float16: torch.float16, DType.bfloat16: torch.bfloat16, DType.float32: torch.float32}[spec.dtype]
@@ -372,18 +394,19 @@ def test_against_torch_at_the_same_precision(spec, seed):
               .to(dtype).contiguous() for a in (x, w)]
     conv = F.conv2d if spec.dims == 2 else F.conv3d
     allowed = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = True      # PyTorch's TF32 (its default)
+    torch.backends.cudnn.allow_tf32 = spec.math is MathMode.tf32      # TF32 as PyTorch's default; FP32 for 3xtf32
     try:
         theirs = conv(*inputs, stride=spec.stride, padding=spec.padding, dilation=spec.dilation).movedim(1, -1)
     finally:
         torch.backends.cudnn.allow_tf32 = allowed
-    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.dtype is DType.float32)
+    bound = precision.error_bound(spec, x, w, tf32_truncated=spec.math is MathMode.tf32)
     excess = np.abs(ours - theirs.double().cpu().numpy()) - 2 * bound
     assert not (excess > 0).any(), f"{spec.describe()}: {int((excess > 0).sum())} output(s) differ from PyTorch's"
 
 
 @pytest.mark.parametrize("name", ["m-n-k-tails-stride-dilation", "3d-padded-strided", "tf32-m-n-k-tails-stride-dilation",
-                                  "tma-a-3d-strided", "narrow-32-tma-c48-cluster-2-split-k"])
+                                  "tma-a-3d-strided", "narrow-32-tma-c48-cluster-2-split-k", "3xtf32-heuristic",
+                                  "3xtf32-cluster-2-narrow-3d"])
 def test_emitted_selftest_passes_on_the_gpu(name, tmp_path):
     """The standalone file, built with plain nvcc for sm_90a, checks itself against its CPU reference
     (the heuristic's tiles; the case's own for narrow slices, whose maps take another swizzle)."""

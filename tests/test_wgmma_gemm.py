@@ -15,6 +15,7 @@ from codegen.emit import build_flags, emit, emit_source
 from codegen.families import wgmma_gemm
 from codegen.families.mma_gemm import FAMILY, MmaTiles, check_tiles
 from codegen.fuzz import GEMM_RANGES, specs
+from codegen.index import IndexAlgebra
 from codegen.render import render_kernels
 from codegen.spec import ConvSpec, DType, Layout, SpecError, replace
 
@@ -528,14 +529,16 @@ def test_16_byte_stores_compile_without_spills_on_every_tile_shape(shape, dtype,
 
 def test_chooser_takes_wgmma_on_sm_90_and_mma_sync_elsewhere():
     covered = SPECS["2d-nhwc-odd"]
-    for spec in (covered, replace(covered, dtype="float32", math="tf32"), SPECS["2d-nhwc-tf32-odd"]):
+    three = replace(covered, dtype="float32", math="3xtf32")
+    for spec in (covered, replace(covered, dtype="float32", math="tf32"), SPECS["2d-nhwc-tf32-odd"], three):
         assert api.plan("implicit_gemm", spec, target="h100").variant == "wgmma", spec.describe()
     assert api.plan("implicit_gemm", covered, target="a100").variant == "mma"
     assert api.plan("implicit_gemm", covered, target="b200").variant == "mma"   # wgmma is sm_90a's alone
     tf32 = SPECS["2d-nhwc-tf32-odd"]
     for uncovered in (replace(covered, layout="NCHW", dpitch=None), replace(covered, c=5, dpitch=None),
-                      replace(covered, dpitch=44), replace(covered, dtype="float32", math="3xtf32"),
-                      replace(tf32, c=6, dpitch=None), replace(tf32, dpitch=22)):
+                      replace(covered, dpitch=44), replace(three, c=20, dpitch=None), replace(three, k=32),
+                      replace(three, layout="NCHW", dpitch=None), replace(tf32, c=6, dpitch=None),
+                      replace(tf32, dpitch=22)):
         assert api.plan("implicit_gemm", uncovered, target="h100").variant == "mma", uncovered.describe()
     assert FAMILY.default_tiles(covered, device=H100).wgmma is False   # the portable kernel stays the default
 
@@ -623,7 +626,7 @@ def test_wgmma_asked_for_below_or_beside_sm_90_is_refused_before_compiling(targe
 
 
 @pytest.mark.parametrize("change", [{"layout": "NCHW", "dpitch": None}, {"c": 12, "dpitch": None},
-                                    {"dtype": "float32", "math": "3xtf32"},
+                                    {"dtype": "float32", "math": "3xtf32", "c": 20, "dpitch": None},
                                     {"dtype": "float32", "math": "tf32", "c": 10, "dpitch": None}])
 def test_wgmma_asked_for_on_a_spec_it_does_not_cover_is_refused(change):
     spec = replace(SPECS["2d-nhwc-odd"], **change)
@@ -754,3 +757,96 @@ def test_random_specs_and_tiles_compile_without_warnings(spec, c, shape):
     except SpecError:
         assume(False)
     _compiles_clean(spec, tiles)
+
+
+THREE = {  # 3xTF32: A by TMA in 128-, 64- and 32-byte slices; 2D and 3D; a pitch past C
+    "conv8": ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=128, input_size=(30, 30), filter_size=3, dtype="float32",
+                      math="3xtf32"),
+    "odd-c48-3d": ConvSpec(dims=3, layout="NDHWC", n=2, c=48, k=96, input_size=(5, 9, 11), filter_size=3, padding=1,
+                           dpitch=52, dtype="float32", math="3xtf32"),
+    "odd-c40-strided": replace(SPECS["2d-nhwc-odd"], dtype="float32", math="3xtf32"),
+}
+
+
+@pytest.mark.parametrize("name", THREE)
+def test_three_tf32_splits_the_filter_once_and_a_in_shared_memory(name):
+    """The plan runs the filter's split kernel, then the GEMM, whose B map reads the split filter's two planes
+    and whose splitter warps split A where TMA lands it; operands are rounded, not truncated."""
+    spec = THREE[name]
+    tiles = FAMILY.heuristic_tiles(spec, H100)
+    plan = FAMILY.plan(spec, tiles, H100)
+    assert plan.variant == "wgmma" and not plan.tf32_truncated
+    split, main = plan.launches[:2]
+    assert split.kernel.endswith("_split_filter") and split.args == ("w", "w_split")
+    assert {m.buffer for m in main.tensor_maps} == {"x", "w_split"}
+    w_map = next(m for m in main.tensor_maps if m.buffer == "w_split")
+    assert w_map.dims[2] == 2 and w_map.box[2] == 1
+    alg = IndexAlgebra(spec)
+    assert plan.workspace_bytes >= 2 * spec.k * spec.c * alg.taps * 4
+    assert wgmma_gemm.split_workspace_bytes(spec, tiles.to_dict(), H100) == plan.workspace_bytes
+    text = render_kernels(plan).code
+    assert text.count("wgmma.mma_async") == 1 and "convgen_split<" in text and "asm(\"cvt.rna" not in text
+    assert "fence.proxy.async.shared::cta" in text and "float slices[" in text and "wgmma.wait_group.sync.aligned %0" in text
+
+
+@pytest.mark.parametrize("name", THREE)
+@pytest.mark.parametrize("shape", [None, (64, 128, 64, 3, True), (128, 64, 64, 4, False, 2), (64, 64, 64, 3, True, 1, 2),
+                                   (64, 128, 64, 3, True, 1, 1, 3)],
+                         ids=["heuristic", "pingpong", "split-k", "cluster", "tail"])
+def test_three_tf32_kernels_compile_without_warnings_or_spills(name, shape, cache_dir):
+    spec = THREE[name]
+    if shape is None:
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+    else:
+        block_m, block_n, warp_m, stages, pingpong, *rest = shape
+        width = wgmma_gemm.tma_slice_bytes(spec)
+        try:
+            tiles = MmaTiles(block_m=block_m, block_n=block_n, block_k=wgmma_gemm.slice_k(spec, width), warp_m=warp_m,
+                             warp_n=block_n, stages=stages * (128 // width), wgmma=True, pingpong=pingpong,
+                             split_k=rest[0] if rest else 1, cluster_m=rest[1] if len(rest) > 1 else 1,
+                             tail_split=rest[2] if len(rest) > 2 else 1)
+            check_tiles(spec, tiles, H100)
+        except SpecError as error:
+            pytest.skip(f"not a tile of this spec: {error}")
+    _compiles_clean(spec, tiles)
+
+
+def test_three_tf32_refuses_tiles_past_its_accumulators_and_a_by_cp_async():
+    """Three accumulator sets a consumer thread (the sums and two slices' products) hold at most 64 each;
+    the splitters split what TMA lands, so block_k must take A by TMA."""
+    spec = THREE["conv8"]
+    with pytest.raises(SpecError) as error:
+        check_tiles(spec, MmaTiles(block_m=128, block_n=256, block_k=32, warp_m=64, warp_n=256, stages=2, wgmma=True),
+                    H100)
+    assert error.value.field == "tiles.warp_n" and "3xtf32" in error.value.allowed
+    odd = THREE["odd-c48-3d"]   # C 48: A by TMA in 64-byte slices, not in 128-byte ones
+    with pytest.raises(SpecError) as error:
+        check_tiles(odd, MmaTiles(block_m=128, block_n=64, block_k=32, warp_m=64, warp_n=64, stages=3, wgmma=True),
+                    H100)
+    assert error.value.field == "tiles.block_k" and "TMA" in error.value.allowed
+
+
+def test_three_tf32_heuristic_tiles_keep_within_the_accumulators_and_fit_shared_memory():
+    for spec in THREE.values():
+        tiles = FAMILY.heuristic_tiles(spec, H100)
+        assert tiles.wgmma and tiles.warp_m * tiles.warp_n // 128 <= wgmma_gemm.PROMOTED_ACCUMULATORS
+        assert wgmma_gemm.a_by_tma(spec, tiles.block_k)
+        assert wgmma_gemm.shared_bytes(spec, tiles) <= H100.shared_per_block
+        fields = FAMILY.complete_tiles(spec, {"wgmma": True, "block_n": 64}, H100)
+        check_tiles(spec, fields, H100)
+
+
+def test_three_tf32_under_a_workspace_limit_below_the_split_filter_runs_mma_sync():
+    spec = THREE["conv8"]
+    assert FAMILY.tiles_within(spec, 0, H100).wgmma is False
+    assert FAMILY.tiles_within(spec, wgmma_gemm.split_filter_bytes(spec), H100).wgmma
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_emitted_three_tf32_file_takes_the_split_filter_workspace_and_builds_with_plain_nvcc(tmp_path):
+    path = emit("implicit_gemm", THREE["odd-c48-3d"], tmp_path / "three.cu")
+    text = path.read_text()
+    assert "float* w_split" in text and text.index("_split_filter<<<") < text.index("(w_split_map, x_map")
+    built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
+                            "-c", str(path), "-o", str(tmp_path / "three.o")], capture_output=True, text=True)
+    assert built.returncode == 0 and not built.stderr.strip(), built.stderr

@@ -29,8 +29,9 @@ thread's pixels (base offset, origin per padded axis) are computed once per CTA;
 decomposed into (channel, tap) once per k-slice and serves all of the thread's pixels.
 
 With ``wgmma`` the plan is Hopper's kernel instead (``wgmma_gemm``: warpgroup MMAs, sm_90a), for
-channels-last float16 and bfloat16 with 16-byte channel runs; the heuristic takes it wherever the
-target is sm_90 and the spec is one of those, and mma.sync everywhere else.
+channels-last float16, bfloat16 and TF32 with 16-byte channel runs, and channels-last 3xTF32; the
+heuristic takes it wherever the target is sm_90 and the spec is one of those, and mma.sync everywhere
+else.
 """
 from __future__ import annotations
 
@@ -469,7 +470,7 @@ class TensorCoreGemm(Family):
     tiles_type = MmaTiles
     summary = ("implicit-GEMM convolution on tensor cores (sm_80+, mma.sync): float16, bfloat16, and float32 "
                "with math tf32 or 3xtf32; FP32 accumulation, cp.async pipeline; wgmma=True: Hopper's warpgroup MMA "
-               "(sm_90, channels-last float16, bfloat16 and tf32)")
+               "(sm_90, channels-last float16, bfloat16, tf32 and 3xtf32)")
 
     def check_precision(self, spec: ConvSpec) -> None:
         """Only tensor-core specs: float32 with math fma runs on the FMA kernel."""
@@ -482,9 +483,10 @@ class TensorCoreGemm(Family):
         return heuristic_tiles(spec, device)
 
     def heuristic_tiles(self, spec: ConvSpec, device: Device | str | None = None) -> MmaTiles:
-        """The WGMMA kernel where ``device`` is sm_90 and the spec one it covers, else mma.sync's."""
+        """The WGMMA kernel where ``device`` is sm_90 and the spec one it covers and prefers
+        (``wgmma_gemm.preferred``), else mma.sync's."""
         device = as_device(device)
-        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
+        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec) and wgmma_gemm.preferred(spec):
             return MmaTiles(**wgmma_gemm.heuristic_fields(spec, device))
         return heuristic_tiles(spec, device)
 
@@ -504,9 +506,11 @@ class TensorCoreGemm(Family):
 
     def tiles_within(self, spec: ConvSpec, limit: int, device: Device | str | None = None) -> MmaTiles:
         """The heuristic's tiles with split-K's workspace (the WGMMA kernel's partial tiles) held
-        to ``limit`` bytes: the most ranges that fit, or none; mma.sync needs no workspace."""
+        to ``limit`` bytes: the most ranges that fit, or none; mma.sync needs no workspace, and runs
+        3xTF32 where the WGMMA kernel's split filter does not fit."""
         device = as_device(device)
-        if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
+        if (wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec) and wgmma_gemm.preferred(spec)
+                and wgmma_gemm.split_filter_bytes(spec) <= limit):
             return MmaTiles(**wgmma_gemm.split_within(spec, wgmma_gemm.heuristic_fields(spec, device), limit, device))
         return heuristic_tiles(spec, device)
 

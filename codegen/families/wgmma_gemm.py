@@ -35,6 +35,16 @@ many bytes again as the MMAs read; the error bound takes the truncation instead
 With A by cp.async, a pixel's base offset and padded-axis origins are computed once per tile into a
 shared table (``pixel_entry_bytes``): the producer's few registers (``REGISTER_SPLIT``) could not
 hold them for the 16 rows a thread copies.
+
+3xTF32 (``promotes``; CUTLASS's "fast accurate FP32") needs each operand as a TF32 big part and a TF32
+small part, both rounded to nearest, and three MMAs a k-step: a_big b_big + a_big b_small + a_small b_big.
+A first kernel splits the filter once into a big and a small plane (a workspace of twice the filter);
+TMA copies each slice's B parts from them, and A (by TMA only) lands raw on the stage's "loaded" mbarrier,
+where the producer warpgroup's warps 1-3 split it in place into its big part and, beside it, its small
+part, fence the async proxy and arrive on "full". The tensor cores truncate what they add, so each
+slice's products are summed from zero in a second accumulator set and added to the FP32 sums once the
+slice's MMAs retire: that caps the tiles at ``PROMOTED_ACCUMULATORS`` a thread and the ring at three
+stages of 128x128 tiles (each A and B stage twice).
 """
 from __future__ import annotations
 
@@ -80,6 +90,17 @@ MMA_K_BYTES = 32
 """The k of one wgmma (16 16-bit or 8 TF32 elements), as a step of the descriptor's start address."""
 MAX_ACCUMULATORS = 128
 """FP32 accumulators per consumer thread (a warpgroup's 64x256 or 128x128 tile)."""
+PROMOTED_ACCUMULATORS = 64
+"""3xTF32's accumulators per consumer thread in each of its two sets (a warpgroup's 64x128 or 128x64 tile): the
+unit's sums, and a slice's products (``promote``)."""
+SPLITTER_THREADS = 96
+"""3xTF32: the producer warpgroup's warps 1-3, which split each slice of A into TF32 parts in place (B comes
+split: the filter's split kernel writes its big and small planes once, before the GEMM)."""
+PROMOTED_MIN_CHANNELS = 64
+"""3xTF32 specs with fewer output channels keep mma.sync (``preferred``)."""
+SPLIT_THREADS = 256
+SPLIT_BLOCKS_PER_SM = 8
+"""The filter's split kernel: a grid-stride loop, at most this many blocks of ``SPLIT_THREADS`` per SM."""
 MAX_CONSUMERS = 2
 CLUSTER_CHOICES = (1, 2)
 """CTAs of a cluster sharing B (``cluster_m``): each multicasts half the slice's rows. Clusters of 4
@@ -136,12 +157,32 @@ DEFAULT_STAGES = 4
 
 def covers(spec: ConvSpec) -> bool:
     """Channels-last float16 or bfloat16 with C and the pitch multiples of 8, or float32 with math
-    tf32 and multiples of 4, so that every 16-byte copy is channels of one pixel at one tap, and
-    every filter row 16-byte aligned."""
+    tf32 or 3xtf32 and multiples of 4, so that every 16-byte copy is channels of one pixel at one
+    tap, and every filter row 16-byte aligned; 3xtf32 where A also comes by TMA (its splitter warps
+    split the slices that TMA lands)."""
     unit = CHUNK_BYTES // spec.dtype.itemsize
     precision = (spec.dtype in (DType.float16, DType.bfloat16)
-                 or (spec.dtype is DType.float32 and spec.math is MathMode.tf32))
-    return precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
+                 or (spec.dtype is DType.float32 and spec.math in (MathMode.tf32, MathMode.three_tf32)))
+    aligned = precision and spec.layout.channels_last and spec.c % unit == 0 and spec.pitch % unit == 0
+    return aligned and (spec.math is not MathMode.three_tf32 or tma_slice_bytes(spec) is not None)
+
+
+def promotes(spec: ConvSpec) -> bool:
+    """3xTF32: B from the filter split once into TF32 big and small planes, each slice of A split in
+    shared memory, three MMAs a k-step, and each slice's products promoted into FP32 sums."""
+    return spec.math is MathMode.three_tf32
+
+
+def preferred(spec: ConvSpec) -> bool:
+    """Whether the heuristic takes this kernel for a spec it covers: a 3xTF32 spec where its output channels are at
+    least ``PROMOTED_MIN_CHANNELS``. H100 against mma.sync's 3xTF32 (docs/perf.md, TC v9): the 35 channels-last layers
+    of 64 output channels or more ran 1.07-8.0x (geometric mean 2.14x); of the six with 12-32, measured on the
+    kernel before its last change (5-15 % slower), four ran 0.47-0.87x, so they keep mma.sync."""
+    return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS
+
+
+def accumulator_limit(spec: ConvSpec) -> int:
+    return PROMOTED_ACCUMULATORS if promotes(spec) else MAX_ACCUMULATORS
 
 
 def a_by_tma(spec: ConvSpec, block_k: int) -> bool:
@@ -223,13 +264,22 @@ def check_spec(spec: ConvSpec, device: Device) -> None:
                         f"{device.name} is {device.arch}: leave wgmma off for the portable mma.sync kernel")
     if not covers(spec):
         math = f" math={spec.math.value}" if spec.dtype is DType.float32 else ""
-        raise SpecError("tiles.wgmma", True, "takes channels-last float16, bfloat16, or float32 with math tf32, with "
-                        "C and the channel pitch multiples of 8 (16-bit) or 4 (float32) for 16-byte copies; this spec "
+        raise SpecError("tiles.wgmma", True, "takes channels-last float16, bfloat16, or float32 with math tf32 or "
+                        "3xtf32, with C and the channel pitch multiples of 8 (16-bit) or 4 (float32) for 16-byte "
+                        "copies (3xtf32: and A by TMA, C a multiple of 8); this spec "
                         f"is {spec.layout.value} {spec.dtype.value}{math} with C {spec.c}, pitch {spec.pitch}")
 
 
 def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
     check_spec(spec, device)
+    limit = accumulator_limit(spec)
+    if tiles.warp_m * tiles.warp_n // WARPGROUP > limit:
+        raise SpecError("tiles.warp_n", tiles.warp_n, f"with warp_m {tiles.warp_m} gives each consumer thread "
+                        f"{tiles.warp_m * tiles.warp_n // WARPGROUP} accumulators; 3xtf32 takes at most {limit} with "
+                        "wgmma (its sums and a slice's products both live in registers)")
+    if promotes(spec) and not a_by_tma(spec, tiles.block_k):
+        raise SpecError("tiles.block_k", tiles.block_k, f"must divide C ({spec.c}) with wgmma 3xtf32, so that A comes "
+                        f"by TMA (its slices are split where they land): {slice_k(spec, tma_slice_bytes(spec))} does")
     k_split(spec, tiles)
     schedule(spec, tiles, device)   # tail_split within the k-slices
     allowed = tuple(slice_k(spec, width) for width in SLICE_CHOICES)
@@ -281,10 +331,13 @@ def table_batch(spec: ConvSpec, tiles) -> int:
 
 
 def shared_bytes(spec: ConvSpec, tiles) -> int:
-    """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B, the pixel table
-    (A by cp.async) and the full and empty mbarriers."""
+    """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B (3xTF32: each twice,
+    its big and small parts), the pixel table (A by cp.async) and the full and empty mbarriers
+    (3xTF32: and those the TMA copies land on)."""
     table = 0 if a_by_tma(spec, tiles.block_k) else tiles.block_m * pixel_entry_bytes(spec, tiles)
-    return 1024 + tiles.stages * (tiles.block_m + tiles.block_n) * slice_bytes(spec, tiles) + table + 16 * tiles.stages
+    parts, barriers = (2, 3) if promotes(spec) else (1, 2)
+    return (1024 + tiles.stages * parts * (tiles.block_m + tiles.block_n) * slice_bytes(spec, tiles) + table
+            + 8 * barriers * tiles.stages)
 
 
 def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
@@ -316,6 +369,8 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     work leaves many SMs idle take ping-pong's 128x128 where that fills the rounds ``WAVE_GAIN``
     times better, with A by TMA or by cp.async (conv11, TMA; unseen g_alexnet_c2, cp.async)."""
     device = as_device(device)
+    if promotes(spec):
+        return _promoted_fields(spec, device)
     gemm_m, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
     block_k = slice_k(spec)
     widest = min(BLOCK_N_CHOICES[-1], max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
@@ -348,6 +403,22 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
     else:
         fields = _narrowed(spec, {"block_m": block_m, "block_n": block_n, "block_k": block_k,
                                   "warp_m": block_m // MAX_CONSUMERS, "warp_n": block_n, "wgmma": True}, gemm_m)
+    return _fitted(spec, fields, device)
+
+
+def _promoted_fields(spec: ConvSpec, device: Device) -> dict[str, Any]:
+    """3xTF32's tiles (a first rule): 128 rows shared by two consumer warpgroups of 64, up to 128 channels
+    wide (``PROMOTED_ACCUMULATORS`` a thread in each set), or where those tiles leave SMs idle, ping-pong's
+    64-row tiles; A by TMA in the widest slice that takes it (64-byte slices in clusters of 2, as
+    ``_narrowed``); stages and splits as ``_fitted`` takes them."""
+    gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    block_n = min(PINGPONG_WIDTH, max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
+    fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec, tma_slice_bytes(spec)),
+              "warp_m": MMA_ROWS, "warp_n": block_n, "wgmma": True}
+    if _tile_count(gemm_m, gemm_n, 2 * MMA_ROWS, block_n) < device.sm_count:
+        fields.update(block_m=MMA_ROWS, pingpong=True)
+    elif tma_slice_bytes(spec) == NARROW_SLICE and -(-gemm_m // fields["block_m"]) >= CLUSTER_CHOICES[-1]:
+        fields["cluster_m"] = CLUSTER_CHOICES[-1]
     return _fitted(spec, fields, device)
 
 
@@ -479,18 +550,27 @@ def schedule(spec: ConvSpec, tiles, device: Device) -> Schedule:
                     min(units_total, slots) * cluster, first_row)
 
 
+def split_filter_bytes(spec: ConvSpec) -> int:
+    """Bytes of 3xTF32's split filter (its big and small planes, float32); 0 for any other spec."""
+    if not promotes(spec):
+        return 0
+    _, gemm_n, gemm_k = gemm_sizes(index.IndexAlgebra(spec))
+    return 2 * gemm_n * gemm_k * DType.float32.itemsize
+
+
 def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device | str | None = None) -> int:
-    """Bytes of the partial tiles split-K stores (splits x M x N float32), or the last round's split tiles
-    (ranges x the rows from its first tile's to M x N); 0 with neither."""
+    """Bytes of workspace: 3xTF32's split filter, and the partial tiles split-K stores (splits x M x N
+    float32) or the last round's split tiles (ranges x the rows from its first tile's to M x N)."""
     shape = _shape(fields)
     splits, _ = k_split(spec, shape)
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
+    filter_bytes = split_filter_bytes(spec)
     if splits > 1:
-        return splits * gemm_m * gemm_n * 4
+        return filter_bytes + splits * gemm_m * gemm_n * 4
     if shape.tail_split == 1:
-        return 0
+        return filter_bytes
     walk = schedule(spec, shape, as_device(device))
-    return walk.tail_splits * (gemm_m - walk.tail_first_row) * gemm_n * 4 if walk.tail_tiles else 0
+    return filter_bytes + (walk.tail_splits * (gemm_m - walk.tail_first_row) * gemm_n * 4 if walk.tail_tiles else 0)
 
 
 def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int,
@@ -515,6 +595,7 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     chosen again for the completed tile, as the heuristic chooses them."""
     device = as_device(device)
     base = heuristic_fields(spec, device)
+    limit = accumulator_limit(spec)
     rows_asked = any(isinstance(requested.get(name), int) for name in ("block_m", "warp_m"))
     fields = {**base, "pingpong": requested.get("pingpong", base.get("pingpong", False) and not rows_asked)}
     if isinstance(requested.get("block_n"), int) and "warp_n" not in requested:
@@ -523,7 +604,7 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     if fields["pingpong"] is True:
         rows = next((r for r in (block_m, warp_m) if isinstance(r, int)),
                     base["block_m"] if base.get("pingpong") else base["warp_m"])
-        if "pingpong" not in requested and rows * fields["warp_n"] > WARPGROUP * MAX_ACCUMULATORS:
+        if "pingpong" not in requested and rows * fields["warp_n"] > WARPGROUP * limit:
             fields["pingpong"] = False   # the heuristic's rows cannot span the width asked for: shared tiles
         elif rows not in (MMA_ROWS, 2 * MMA_ROWS):
             raise SpecError("tiles.block_m", rows, f"must be {MMA_ROWS} or {2 * MMA_ROWS} with pingpong: each consumer "
@@ -537,7 +618,7 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
         return fields   # MmaTiles refuses the field, naming it
     if not {"block_k", "cluster_m"} & requested.keys():   # the slice and cluster the heuristic takes for this tile
-        fields.update(block_k=slice_k(spec), cluster_m=1)
+        fields.update(block_k=slice_k(spec, tma_slice_bytes(spec) if promotes(spec) else SLICE_CHOICES[0]), cluster_m=1)
         if fields["pingpong"] is not True:
             fields = _narrowed(spec, fields, gemm_sizes(index.IndexAlgebra(spec))[0])
     return _fitted(spec, fields, device, kept=requested)
@@ -709,6 +790,18 @@ class WgmmaContext(ConvolutionContext):
     even, else one."""
     partial_index_type: str
     """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
+    promote: bool
+    """3xTF32: B's big and small parts come from the split filter, the producer's splitter warps split each
+    landed slice of A into TF32 big and small parts (``splitter_threads``), the consumers issue a_big b_big,
+    a_big b_small and a_small b_big MMAs, and each slice's products are summed from zero and promoted into
+    FP32 sums."""
+    a_tile_bytes: int
+    """Bytes of one part of a stage's A (block_m rows of a slice): with ``promote`` the small part follows the big."""
+    b_tile_bytes: int
+    splitter_threads: int
+    split_threads: int
+    """Threads of a block of the filter's split kernel (3xTF32)."""
+    split_index_type: str
 
 
 def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
@@ -729,6 +822,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
                        f"whole units {walk.whole_units} of {walk.units}" if tail else "")   # the split depends on the SMs
     needed = shared_bytes(spec, tiles)
     itemsize = spec.dtype.itemsize
+    parts = 2 if promotes(spec) else 1
     pair_store = gemm_n % 2 == 0
     store_mode = epilogue.store_mode(gemm_n, stores_float=splits > 1 or spec.dtype is DType.float32,
                                      span=tiles.block_n, channels_last=True)
@@ -737,8 +831,12 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
     # B(n, k) = w[n * GEMM_K + k]: a [N][GEMM_K] matrix, read in boxes of one slice row's elements by a
     # cluster block's share of the tile's rows, in the swizzle the MMA descriptors read.
     width = slice_bytes(spec, tiles)
-    w_map = TensorMap("w", (gemm_k, gemm_n), (gemm_k * itemsize,), (tiles.block_k, tiles.block_n // cluster),
-                      swizzle=width, dtype=spec.dtype)
+    if promotes(spec):   # the split filter's big and small planes, a copy each
+        w_map = TensorMap("w_split", (gemm_k, gemm_n, 2), (gemm_k * itemsize, gemm_k * gemm_n * itemsize),
+                          (tiles.block_k, tiles.block_n // cluster, 1), swizzle=width, dtype=spec.dtype)
+    else:
+        w_map = TensorMap("w", (gemm_k, gemm_n), (gemm_k * itemsize,), (tiles.block_k, tiles.block_n // cluster),
+                          swizzle=width, dtype=spec.dtype)
     output = ("partials",) if splits > 1 else ("y", "partials") if tail else ("y",)
     a_tma = a_by_tma(spec, tiles.block_k)
     if a_tma:   # A: block_m pixels of one tap's block_k channels a copy, in the same swizzle
@@ -757,6 +855,10 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
                                  (REDUCE_THREADS, 1, 1), args=("partials", "y")))
     else:
         launches = (main,)
+    split_quads = gemm_n * gemm_k // 4
+    if promotes(spec):
+        launches = (Launch(name + "_split_filter", (min(-(-split_quads // SPLIT_THREADS), SPLIT_BLOCKS_PER_SM * device.sm_count),
+                                                    1, 1), (SPLIT_THREADS, 1, 1), args=("w", "w_split")), *launches)
     m_tail = _padded_rows(alg, tiles) != gemm_m
     chunk_elements = CHUNK_BYTES // itemsize
     context = WgmmaContext(
@@ -772,7 +874,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         producer_threads=PRODUCER_THREADS, chunks_per_row=width // CHUNK_BYTES,
         rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // width,
         table_batch=table_batch(spec, tiles),
-        a_stage_bytes=tiles.block_m * width, b_stage_bytes=tiles.block_n * width,
+        a_stage_bytes=parts * tiles.block_m * width, b_stage_bytes=parts * tiles.block_n * width,
         pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
         GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
@@ -789,16 +891,21 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         partial_store_group=epilogue.group_channels(partial_store_mode),
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if max(splits, walk.tail_splits) * gemm_m * gemm_n > index.INT32_MAX else "int",
+        promote=promotes(spec), a_tile_bytes=tiles.block_m * width, b_tile_bytes=tiles.block_n * width,
+        splitter_threads=SPLITTER_THREADS, split_threads=SPLIT_THREADS,
+        split_index_type="long long" if 2 * split_quads > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("y", alg.output_shape, "out",
                       epilogue.STORE_BYTES if store_mode and splits == 1 else itemsize * reduce_width, spec.dtype))
+    if promotes(spec):
+        buffers += (Buffer("w_split", (2, gemm_n, gemm_k), "workspace", CHUNK_BYTES),)
     if splits > 1 or tail:
         buffers += (Buffer("partials", (max(splits, walk.tail_splits), partial_rows, gemm_n), "workspace",
                            epilogue.STORE_BYTES if partial_store_mode else 4 * reduce_width),)
     return KernelPlan(family.name, VARIANT, spec, tiles, buffers, launches, context, min_arch=ARCH, arch_specific=True,
-                      tensor_cores=True, tf32_truncated=spec.dtype is DType.float32,
+                      tensor_cores=True, tf32_truncated=spec.dtype is DType.float32 and not promotes(spec),
                       min_arch_reason="wgmma and setmaxnreg, sm_90a instructions; leave wgmma off for the portable "
                       "mma.sync kernel (sm_80+)", template="implicit_gemm_wgmma.cu.j2")
 
