@@ -309,7 +309,7 @@ SMALL_GRIDS = {  # case: persistent blocks, so that each block takes several wor
     "tail-split-tf32-cluster-2-pingpong": 8,         # 4 clusters: 87 units of 2 M tiles, 84 whole, 3 in 3 ranges
     "tail-split-narrow-3d": 10,                      # 5 clusters: 6 units of 2 M tiles, 5 whole, 1 in 7 ranges
     "3xtf32-odd-slices-pingpong": 5,                 # 25 tiles of 27 slices (odd: the last slice's sums in even)
-    "3xtf32-tail-split-cluster-2": 10,               # 5 clusters: 64 units of 2 M tiles, 60 whole, 4 in 4 ranges
+    "3xtf32-tail-split-cluster-2": 10,               # 5 clusters: 64 units of 2 M tiles, 60 whole, 4 in 3 ranges of 3
 }
 
 
@@ -348,6 +348,42 @@ def test_tf32_operands_are_truncated_as_the_plan_says():
     assert kernel.plan.variant == "wgmma" and kernel.plan.tf32_truncated
     x, w = (cupy.full(shape, 1 + 3 * 2.0**-12, dtype=cupy.float32) for shape in ((1, 8, 8, 16), (32, 1, 1, 16)))
     assert (cupy.asnumpy(kernel(x, w)) == 16.0).all()
+
+
+def test_three_tf32_is_accurate_where_tf32_is_not():
+    """Operands 1 + 3 x 2^-12, between two TF32 values: 3xTF32's parts carry them whole (its products are within
+    2^-24 of exact), so every output is C (1 + 3 x 2^-12)^2 to within its accumulation, where TF32 would be off by
+    about 1e-3 (truncated to 1) or 5e-4 (rounded to 1 + 2^-10)."""
+    import cupy
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=1, c=64, k=64, input_size=(8, 8), filter_size=1, dtype="float32",
+                    math="3xtf32")
+    kernel = build("implicit_gemm", spec)
+    assert kernel.plan.variant == "wgmma" and not kernel.plan.tf32_truncated
+    value = 1 + 3 * 2.0**-12
+    x, w = (cupy.full(shape, value, dtype=cupy.float32) for shape in ((1, 8, 8, 64), (64, 1, 1, 64)))
+    exact = 64 * value * value
+    assert np.abs(cupy.asnumpy(kernel(x, w)).astype(np.float64) - exact).max() <= 1e-5 * exact
+
+
+def test_three_tf32_carries_nan_from_the_input_and_the_filter_to_the_output():
+    """A NaN in x reaches every output of its pixel, one in w every output of its channel; the rest stay finite
+    (the split's integer rounding would carry out of a NaN's bits, so it keeps NaN as it is)."""
+    import cupy
+
+    spec = ConvSpec(dims=2, layout="NHWC", n=1, c=64, k=64, input_size=(8, 8), filter_size=1, dtype="float32",
+                    math="3xtf32")
+    kernel = build("implicit_gemm", spec)
+    assert kernel.plan.variant == "wgmma"
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((1, 8, 8, 64)).astype(np.float32), rng.standard_normal((64, 1, 1, 64)).astype(np.float32)
+    x[0, 2, 3, 5] = np.float32(np.nan)
+    w[7, 0, 0, 9] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), dtype=np.float32)[0]   # CUDA's canonical NaN
+    y = cupy.asnumpy(kernel(cupy.asarray(x), cupy.asarray(w)))
+    expected = np.zeros(y.shape, dtype=bool)
+    expected[0, 2, 3, :] = True
+    expected[..., 7] = True
+    np.testing.assert_array_equal(np.isnan(y), expected)
 
 
 def test_an_output_off_the_16_byte_stores_alignment_is_refused():

@@ -492,7 +492,8 @@ BF16 = ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=64, input_size=(14, 14), fil
 def test_tensor_core_space_holds_only_tiles_the_spec_and_target_take(spec):
     """Every member passes the tile checks ``plan`` makes (geometry, the MMA's k, 16-bit warp_n,
     3xTF32's accumulators, element copies, shared memory on this target): a sample plans in full;
-    the heuristic and the seeds are members."""
+    the heuristic and the seeds are members. WGMMA stages count 128-byte slices: 3xtf32's C 16 takes
+    64-byte ones, twice as many stages."""
     from codegen.device import as_device, present
     from codegen.families.mma_gemm import MmaTiles, check_tiles
 
@@ -503,7 +504,8 @@ def test_tensor_core_space_holds_only_tiles_the_spec_and_target_take(spec):
     for tiles in space:
         t = MmaTiles(**tiles)
         check_tiles(spec, t, as_device(present()))
-        assert 32 <= t.block_m <= 256 and t.stages in ((2, 3, 4, 5) if t.wgmma else (2, 3, 4))
+        wgmma_stages = tuple(s * 128 // (t.block_k * spec.dtype.itemsize) for s in (2, 3, 4, 5))  # in 128-byte slices
+        assert 32 <= t.block_m <= 256 and t.stages in (wgmma_stages if t.wgmma else (2, 3, 4))
     for tiles in space[:: max(1, len(space) // 6)]:
         plan("implicit_gemm", spec, tiles)
     assert family.heuristic_tiles(spec).to_dict() in space

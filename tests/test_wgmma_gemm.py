@@ -220,7 +220,7 @@ def test_heuristic_splits_the_tiles_of_a_short_last_round():
     assert walk.tail_first_row == 56 * 128 and plan.context.partial_rows == 7200 - 7168
     assert [b.shape for b in plan.workspaces] == [(9, 32, 200)] and len(plan.launches) == 2
     assert plan.launches[0].args == ("y", "partials") and plan.launches[1].args == ("partials", "y")
-    assert wgmma_gemm.split_workspace_bytes(TAIL, fields, card) == 9 * 32 * 200 * 4
+    assert wgmma_gemm.workspace_bytes(TAIL, fields, card) == 9 * 32 * 200 * 4
     code = render_kernels(plan).code
     assert "const bool whole = unit < 224;" in code and "if (!whole) {" in code
     assert "if ((row / 128) * 4 + (int)(e % 200) / 64 < 224) return;" in code   # whole tiles' outputs left alone
@@ -783,7 +783,7 @@ def test_three_tf32_splits_the_filter_once_and_a_in_shared_memory(name):
     assert w_map.dims[2] == 2 and w_map.box[2] == 1
     alg = IndexAlgebra(spec)
     assert plan.workspace_bytes >= 2 * spec.k * spec.c * alg.taps * 4
-    assert wgmma_gemm.split_workspace_bytes(spec, tiles.to_dict(), H100) == plan.workspace_bytes
+    assert wgmma_gemm.workspace_bytes(spec, tiles.to_dict(), H100) == plan.workspace_bytes
     text = render_kernels(plan).code
     assert text.count("wgmma.mma_async") == 1 and "convgen_split<" in text and "asm(\"cvt.rna" not in text
     assert "fence.proxy.async.shared::cta" in text and "float slices[" in text and "wgmma.wait_group.sync.aligned %0" in text
@@ -812,7 +812,7 @@ def test_three_tf32_kernels_compile_without_warnings_or_spills(name, shape, cach
 
 
 def test_three_tf32_refuses_tiles_past_its_accumulators_and_a_by_cp_async():
-    """Three accumulator sets a consumer thread (the sums and two slices' products) hold at most 64 each;
+    """Two accumulator sets a consumer thread (the sums and a slice's products) hold at most 64 each;
     the splitters split what TMA lands, so block_k must take A by TMA."""
     spec = THREE["conv8"]
     with pytest.raises(SpecError) as error:
@@ -834,6 +834,16 @@ def test_three_tf32_heuristic_tiles_keep_within_the_accumulators_and_fit_shared_
         assert wgmma_gemm.shared_bytes(spec, tiles) <= H100.shared_per_block
         fields = FAMILY.complete_tiles(spec, {"wgmma": True, "block_n": 64}, H100)
         check_tiles(spec, fields, H100)
+
+
+@pytest.mark.parametrize("spec", [THREE["conv8"], SPECS["2d-nhwc-conv8"]], ids=["3xtf32", "fp16"])
+def test_warp_rows_asked_for_alone_get_a_tile_of_whole_consumers(spec):
+    """Where the heuristic takes ping-pong's 64-row tiles, 128-row warps asked for alone get a 128-row tile of
+    one consumer warpgroup, not a refusal of the heuristic's 64 rows."""
+    assert FAMILY.heuristic_tiles(spec, H100).pingpong
+    tiles = FAMILY.complete_tiles(spec, {"wgmma": True, "warp_m": 128, "block_n": 64}, H100)
+    assert (tiles.block_m, tiles.warp_m, tiles.block_n, tiles.pingpong) == (128, 128, 64, False)
+    check_tiles(spec, tiles, H100)
 
 
 def test_three_tf32_under_a_workspace_limit_below_the_split_filter_runs_mma_sync():

@@ -95,7 +95,7 @@ def test_wgmma_split_k_holds_its_partial_tiles_to_the_limit(dtype, math_mode):
         plan("implicit_gemm", spec, {"wgmma": True, "split_k": 8}, target="h100", workspace_limit=0)
     assert "(partials)" in str(err.value) and "split_k=1" in str(err.value)
     space = [f for f in FAMILY.tuning_space(spec, workspace_limit=0) if f.get("wgmma")]
-    assert space and all(wgmma_gemm.split_workspace_bytes(spec, f) == 0 for f in space)
+    assert space and all(wgmma_gemm.workspace_bytes(spec, f) == 0 for f in space)
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "64MiB"])

@@ -522,7 +522,7 @@ class TensorCoreGemm(Family):
         space = tuning_space(spec, device)
         if wgmma_gemm.runs_on(device) and wgmma_gemm.covers(spec):
             space += [fields for fields in wgmma_gemm.tuning_fields(spec, device)
-                      if workspace_limit is None or wgmma_gemm.split_workspace_bytes(spec, fields, device) <= workspace_limit]
+                      if workspace_limit is None or wgmma_gemm.workspace_bytes(spec, fields, device) <= workspace_limit]
         return space
 
     def tuning_seeds(self, spec: ConvSpec, workspace_limit: int | None = None) -> list[dict]:

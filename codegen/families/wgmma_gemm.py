@@ -98,9 +98,9 @@ SPLITTER_THREADS = 96
 split: the filter's split kernel writes its big and small planes once, before the GEMM)."""
 PROMOTED_MIN_CHANNELS = 64
 """3xTF32 specs with fewer output channels keep mma.sync (``preferred``)."""
-SPLIT_THREADS = 256
-SPLIT_BLOCKS_PER_SM = 8
-"""The filter's split kernel: a grid-stride loop, at most this many blocks of ``SPLIT_THREADS`` per SM."""
+FILTER_SPLIT_THREADS = 256
+FILTER_SPLIT_BLOCKS_PER_SM = 8
+"""The filter's split kernel: a grid-stride loop, at most this many blocks of ``FILTER_SPLIT_THREADS`` per SM."""
 MAX_CONSUMERS = 2
 CLUSTER_CHOICES = (1, 2)
 """CTAs of a cluster sharing B (``cluster_m``): each multicasts half the slice's rows. Clusters of 4
@@ -169,7 +169,9 @@ def covers(spec: ConvSpec) -> bool:
 
 def promotes(spec: ConvSpec) -> bool:
     """3xTF32: B from the filter split once into TF32 big and small planes, each slice of A split in
-    shared memory, three MMAs a k-step, and each slice's products promoted into FP32 sums."""
+    shared memory, three MMAs a k-step, and each slice's products promoted into FP32 sums. As with
+    every 3xTF32 (CUTLASS's, mma.sync's), an infinite operand gives NaN (its small part is inf - inf),
+    and so does a finite one within a TF32 unit of the float32 maximum (its big part rounds to inf)."""
     return spec.math is MathMode.three_tf32
 
 
@@ -558,7 +560,7 @@ def split_filter_bytes(spec: ConvSpec) -> int:
     return 2 * gemm_n * gemm_k * DType.float32.itemsize
 
 
-def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device | str | None = None) -> int:
+def workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device | str | None = None) -> int:
     """Bytes of workspace: 3xTF32's split filter, and the partial tiles split-K stores (splits x M x N
     float32) or the last round's split tiles (ranges x the rows from its first tile's to M x N)."""
     shape = _shape(fields)
@@ -575,12 +577,12 @@ def split_workspace_bytes(spec: ConvSpec, fields: dict[str, Any], device: Device
 
 def split_within(spec: ConvSpec, fields: dict[str, Any], limit: int,
                  device: Device | str | None = None) -> dict[str, Any]:
-    """``fields`` with split_k and tail_split lowered to the most ranges whose partial tiles fit
+    """``fields`` with split_k and tail_split lowered to the most ranges whose workspace (``workspace_bytes``) fits
     ``limit`` bytes (unsplit where none do, or where the last round would take fewer ranges than the
     heuristic splits it into), as cuDNN's algorithm choice holds to a workspace limit."""
     fields = dict(fields)
     for name, fewest in (("split_k", 2), ("tail_split", MIN_TAIL_SPLIT)):
-        while fields.get(name, 1) > 1 and split_workspace_bytes(spec, fields, device) > limit:
+        while fields.get(name, 1) > 1 and workspace_bytes(spec, fields, device) > limit:
             fields[name] = fields[name] - 1 if fields[name] > fewest else 1
         if fields.get(name, 1) == 1:
             fields.pop(name, None)
@@ -614,6 +616,8 @@ def complete_fields(spec: ConvSpec, requested: dict, device: Device | str | None
     if fields["pingpong"] is not True and not isinstance(warp_m, int):
         rows = block_m if isinstance(block_m, int) else fields["block_m"]
         fields["warp_m"] = rows // (MAX_CONSUMERS if rows >= 2 * MMA_ROWS else 1)
+    elif fields["pingpong"] is not True and not isinstance(block_m, int) and fields["block_m"] % warp_m:
+        fields["block_m"] = warp_m   # the heuristic's rows are not whole consumers of those asked for: one consumer
     fields.update(requested)
     if not all(isinstance(fields[name], int) for name in ("block_m", "block_n", "block_k", "warp_m")):
         return fields   # MmaTiles refuses the field, naming it
@@ -799,9 +803,9 @@ class WgmmaContext(ConvolutionContext):
     """Bytes of one part of a stage's A (block_m rows of a slice): with ``promote`` the small part follows the big."""
     b_tile_bytes: int
     splitter_threads: int
-    split_threads: int
+    filter_split_threads: int
     """Threads of a block of the filter's split kernel (3xTF32)."""
-    split_index_type: str
+    filter_split_index_type: str
 
 
 def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> KernelPlan:
@@ -857,8 +861,9 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         launches = (main,)
     split_quads = gemm_n * gemm_k // 4
     if promotes(spec):
-        launches = (Launch(name + "_split_filter", (min(-(-split_quads // SPLIT_THREADS), SPLIT_BLOCKS_PER_SM * device.sm_count),
-                                                    1, 1), (SPLIT_THREADS, 1, 1), args=("w", "w_split")), *launches)
+        split_blocks = min(-(-split_quads // FILTER_SPLIT_THREADS), FILTER_SPLIT_BLOCKS_PER_SM * device.sm_count)
+        launches = (Launch(name + "_split_filter", (split_blocks, 1, 1), (FILTER_SPLIT_THREADS, 1, 1),
+                           args=("w", "w_split")), *launches)
     m_tail = _padded_rows(alg, tiles) != gemm_m
     chunk_elements = CHUNK_BYTES // itemsize
     context = WgmmaContext(
@@ -892,8 +897,8 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if max(splits, walk.tail_splits) * gemm_m * gemm_n > index.INT32_MAX else "int",
         promote=promotes(spec), a_tile_bytes=tiles.block_m * width, b_tile_bytes=tiles.block_n * width,
-        splitter_threads=SPLITTER_THREADS, split_threads=SPLIT_THREADS,
-        split_index_type="long long" if 2 * split_quads > index.INT32_MAX else "int",
+        splitter_threads=SPLITTER_THREADS, filter_split_threads=FILTER_SPLIT_THREADS,
+        filter_split_index_type="long long" if 2 * split_quads > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
                Buffer("w", alg.filter_shape, "in", CHUNK_BYTES, spec.dtype),
