@@ -860,3 +860,18 @@ def test_emitted_three_tf32_file_takes_the_split_filter_workspace_and_builds_wit
     built = subprocess.run(["nvcc", *build_flags(text), "-Werror", "all-warnings", "-DCONVGEN_SELFTEST",
                             "-c", str(path), "-o", str(tmp_path / "three.o")], capture_output=True, text=True)
     assert built.returncode == 0 and not built.stderr.strip(), built.stderr
+
+
+def test_ptxas_serialising_the_mmas_counts_as_a_warning(cache_dir):
+    """Reading a slice's sums before all its MMAs retire makes ptxas serialize every wgmma of the kernel, which it
+    reports as "info" (C7514, C7518; C7517 for a wait it injects): the compile's warnings carry it, so the no-warning
+    checks above catch it."""
+    from codegen.compile import compile_source
+
+    spec = THREE["conv8"]
+    text = render_kernels(FAMILY.plan(spec, FAMILY.heuristic_tiles(spec, H100), H100)).code
+    retire = "convgen_mma_wait<0>();\n#pragma unroll\n                for (int mb = 0;"
+    assert retire in text
+    early = text.replace(retire, "convgen_mma_wait<1>();\n#pragma unroll\n                for (int mb = 0;")
+    warnings = compile_source(early, arch="sm_90a").warnings
+    assert any("wgmma.mma_async instructions are serialized" in line for line in warnings), warnings
