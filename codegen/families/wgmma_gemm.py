@@ -409,10 +409,12 @@ def heuristic_fields(spec: ConvSpec, device: Device | str | None = None) -> dict
 
 
 def _promoted_fields(spec: ConvSpec, device: Device) -> dict[str, Any]:
-    """3xTF32's tiles (a first rule): 128 rows shared by two consumer warpgroups of 64, up to 128 channels
-    wide (``PROMOTED_ACCUMULATORS`` a thread in each set), or where those tiles leave SMs idle, ping-pong's
+    """3xTF32's tiles: 128 rows shared by two consumer warpgroups of 64, up to 128 channels wide
+    (``PROMOTED_ACCUMULATORS`` a thread in each set), or where those tiles leave SMs idle, ping-pong's
     64-row tiles; A by TMA in the widest slice that takes it (64-byte slices in clusters of 2, as
-    ``_narrowed``); stages and splits as ``_fitted`` takes them."""
+    ``_narrowed``); stages and splits as ``_fitted`` takes them. H100 (TC v9, conv8, c3d_conv2, c3d_conv3,
+    conv4): 128x64 shared, 128x64 and 64x128 ping-pong ran 20-45 % slower than 128x128 shared (conv4,
+    64 channels: 128x64 shared), 64-byte slices 5-7 % slower, clusters of 2 within 1-4 %."""
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     block_n = min(PINGPONG_WIDTH, max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec, tma_slice_bytes(spec)),
