@@ -421,8 +421,8 @@ def _promoted_fields(spec: ConvSpec, device: Device) -> dict[str, Any]:
               "warp_m": MMA_ROWS, "warp_n": block_n, "wgmma": True}
     if _tile_count(gemm_m, gemm_n, 2 * MMA_ROWS, block_n) < device.sm_count:
         fields.update(block_m=MMA_ROWS, pingpong=True)
-    elif tma_slice_bytes(spec) == NARROW_SLICE and -(-gemm_m // fields["block_m"]) >= CLUSTER_CHOICES[-1]:
-        fields["cluster_m"] = CLUSTER_CHOICES[-1]
+    else:
+        fields = _narrowed(spec, fields, gemm_m)
     return _fitted(spec, fields, device)
 
 
