@@ -367,9 +367,13 @@ def test_three_tf32_is_accurate_where_tf32_is_not():
 
 
 def test_three_tf32_carries_nan_from_the_input_and_the_filter_to_the_output():
-    """A NaN in x reaches every output of its pixel, one in w every output of its channel; the rest stay finite
-    (the split's integer rounding would carry out of a NaN's bits, so it keeps NaN as it is)."""
+    """A NaN in x reaches every output of its pixel, one in w every output of its channel; the rest stay finite.
+    The NaNs are those the split's integer rounding would lose: CUDA's canonical NaN (all mantissa bits set, the
+    rounding carries out of it), a negative one, and one whose payload lies in the 13 bits below TF32's cut."""
     import cupy
+
+    def nan(bits):
+        return np.frombuffer(np.uint32(bits).tobytes(), dtype=np.float32)[0]
 
     spec = ConvSpec(dims=2, layout="NHWC", n=1, c=64, k=64, input_size=(8, 8), filter_size=1, dtype="float32",
                     math="3xtf32")
@@ -377,12 +381,12 @@ def test_three_tf32_carries_nan_from_the_input_and_the_filter_to_the_output():
     assert kernel.plan.variant == "wgmma"
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((1, 8, 8, 64)).astype(np.float32), rng.standard_normal((64, 1, 1, 64)).astype(np.float32)
-    x[0, 2, 3, 5] = np.float32(np.nan)
-    w[7, 0, 0, 9] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), dtype=np.float32)[0]   # CUDA's canonical NaN
+    x[0, 2, 3, 5], x[0, 5, 6, 60], x[0, 7, 0, 0] = nan(0x7FFFFFFF), nan(0x7F800001), np.float32(np.nan)
+    w[7, 0, 0, 9], w[40, 0, 0, 63] = nan(0x7FFFFFFF), nan(0xFFFFFFFF)
     y = cupy.asnumpy(kernel(cupy.asarray(x), cupy.asarray(w)))
     expected = np.zeros(y.shape, dtype=bool)
-    expected[0, 2, 3, :] = True
-    expected[..., 7] = True
+    expected[0, 2, 3, :] = expected[0, 5, 6, :] = expected[0, 7, 0, :] = True
+    expected[..., 7] = expected[..., 40] = True
     np.testing.assert_array_equal(np.isnan(y), expected)
 
 
