@@ -769,9 +769,10 @@ THREE = {  # 3xTF32: A by TMA in 128-, 64- and 32-byte slices; 2D and 3D; a pitc
 
 
 @pytest.mark.parametrize("name", THREE)
-def test_three_tf32_splits_the_filter_once_and_a_in_shared_memory(name):
-    """The plan runs the filter's split kernel, then the GEMM, whose B map reads the split filter's two planes
-    and whose splitter warps split A where TMA lands it; operands are rounded, not truncated."""
+def test_three_tf32_splits_the_filter_once_and_a_in_registers(name):
+    """The plan runs the filter's split kernel, then the GEMM, whose B map reads the split filter's two planes and
+    whose consumers load A's fragments with ldmatrix and split them in registers for MMAs with A from registers;
+    operands are rounded, not truncated. TMA lands A, so no proxy fence is needed."""
     spec = THREE[name]
     tiles = FAMILY.heuristic_tiles(spec, H100)
     plan = FAMILY.plan(spec, tiles, H100)
@@ -785,8 +786,23 @@ def test_three_tf32_splits_the_filter_once_and_a_in_shared_memory(name):
     assert plan.workspace_bytes >= 2 * spec.k * spec.c * alg.taps * 4
     assert wgmma_gemm.workspace_bytes(spec, tiles.to_dict(), H100) == plan.workspace_bytes
     text = render_kernels(plan).code
-    assert text.count("wgmma.mma_async") == 1 and "convgen_split<" in text and "asm(\"cvt.rna" not in text
-    assert "fence.proxy.async.shared::cta" in text and "float slices[" in text and "wgmma.wait_group.sync.aligned %0" in text
+    assert text.count("wgmma.mma_async") == 1 and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text
+    assert text.count("convgen_mma_registers(slices[mb]") == 3
+    assert "asm(\"cvt.rna" not in text and "fence.proxy.async" not in text
+    assert "float slices[" in text and "wgmma.wait_group.sync.aligned %0" in text
+    a_part = tiles.block_m * tiles.block_k * 4
+    assert plan.context.a_stage_bytes == a_part and plan.context.b_stage_bytes == 2 * tiles.block_n * tiles.block_k * 4
+
+
+def test_three_tf32_takes_wgmma_from_64_output_channels_or_16_input_channels():
+    """The heuristic's kernel for channels-last 3xTF32 on the H100: WGMMA where K >= 64 or C takes A in slices of 64
+    bytes or more (C a multiple of 16); mma.sync where both are narrower (C 8: 32-byte slices)."""
+    base = ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=32, input_size=(20, 20), filter_size=3, dtype="float32",
+                    math="3xtf32")
+    expected = {(32, 32): "wgmma", (16, 32): "wgmma", (8, 64): "wgmma", (8, 32): "mma", (64, 12): "wgmma"}
+    for (c, k), variant in expected.items():
+        spec = replace(base, c=c, k=k)
+        assert FAMILY.plan(spec, FAMILY.heuristic_tiles(spec, H100), H100).variant == variant, (c, k)
 
 
 @pytest.mark.parametrize("name", THREE)

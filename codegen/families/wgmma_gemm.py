@@ -39,12 +39,12 @@ hold them for the 16 rows a thread copies.
 3xTF32 (``promotes``; CUTLASS's "fast accurate FP32") needs each operand as a TF32 big part and a TF32
 small part, both rounded to nearest, and three MMAs a k-step: a_big b_big + a_big b_small + a_small b_big.
 A first kernel splits the filter once into a big and a small plane (a workspace of twice the filter);
-TMA copies each slice's B parts from them, and A (by TMA only) lands raw on the stage's "loaded" mbarrier,
-where the producer warpgroup's warps 1-3 split it in place into its big part and, beside it, its small
-part, fence the async proxy and arrive on "full". The tensor cores truncate what they add, so each
-slice's products are summed from zero in a second accumulator set and added to the FP32 sums once the
-slice's MMAs retire: that caps the tiles at ``PROMOTED_ACCUMULATORS`` a thread and the ring at three
-stages of 128x128 tiles (each A and B stage twice).
+TMA copies each slice's B parts from them, and A (by TMA only) raw. The consumers load each k-step's A
+fragments from shared memory into registers (ldmatrix), split them there and issue the MMAs with A from
+registers: A is read from shared memory once rather than three times, and the ring holds it once. The
+tensor cores truncate what they add, so each slice's products are summed from zero in a second
+accumulator set and added to the FP32 sums once the slice's MMAs retire: that caps the tiles at
+``PROMOTED_ACCUMULATORS`` a thread (128x128 tiles take four stages: B twice, A once).
 """
 from __future__ import annotations
 
@@ -93,11 +93,10 @@ MAX_ACCUMULATORS = 128
 PROMOTED_ACCUMULATORS = 64
 """3xTF32's accumulators per consumer thread in each of its two sets (a warpgroup's 64x128 or 128x64 tile): the
 unit's sums, and a slice's products (``promote``)."""
-SPLITTER_THREADS = 96
-"""3xTF32: the producer warpgroup's warps 1-3, which split each slice of A into TF32 parts in place (B comes
-split: the filter's split kernel writes its big and small planes once, before the GEMM)."""
 PROMOTED_MIN_CHANNELS = 64
-"""3xTF32 specs with fewer output channels keep mma.sync (``preferred``)."""
+PROMOTED_MIN_SLICE = 64
+"""3xTF32 specs with fewer output channels and A's slices narrower than this (bytes: C 8) keep mma.sync
+(``preferred``)."""
 FILTER_SPLIT_THREADS = 256
 FILTER_SPLIT_BLOCKS_PER_SM = 8
 """The filter's split kernel: a grid-stride loop, at most this many blocks of ``FILTER_SPLIT_THREADS`` per SM."""
@@ -168,8 +167,8 @@ def covers(spec: ConvSpec) -> bool:
 
 
 def promotes(spec: ConvSpec) -> bool:
-    """3xTF32: B from the filter split once into TF32 big and small planes, each slice of A split in
-    shared memory, three MMAs a k-step, and each slice's products promoted into FP32 sums. As with
+    """3xTF32: B from the filter split once into TF32 big and small planes, A's fragments split in the
+    consumers' registers, three MMAs a k-step, and each slice's products promoted into FP32 sums. As with
     every 3xTF32 (CUTLASS's, mma.sync's), an infinite operand gives NaN (its small part is inf - inf),
     and so does a finite one within a TF32 unit of the float32 maximum (its big part rounds to inf)."""
     return spec.math is MathMode.three_tf32
@@ -177,10 +176,11 @@ def promotes(spec: ConvSpec) -> bool:
 
 def preferred(spec: ConvSpec) -> bool:
     """Whether the heuristic takes this kernel for a spec it covers: a 3xTF32 spec where its output channels are at
-    least ``PROMOTED_MIN_CHANNELS``. H100 against mma.sync's 3xTF32 (docs/perf.md, TC v9): the 35 channels-last layers
-    of 64 output channels or more ran 1.07-8.0x (geometric mean 2.14x); of the six with 12-32, measured on the
-    kernel before its last change (5-15 % slower), four ran 0.47-0.87x, so they keep mma.sync."""
-    return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS
+    least ``PROMOTED_MIN_CHANNELS`` or A's slices at least ``PROMOTED_MIN_SLICE`` bytes wide. H100 against mma.sync's
+    3xTF32 (docs/perf-history.md, TC v11): the 35 channels-last layers of 64 output channels or more ran 1.33-7.6x
+    (geometric mean 2.43x); of the six with 12-32, the five with C 16 or more ran 0.99-1.98x, the one with C 8
+    (32-byte slices) 0.66x."""
+    return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS or tma_slice_bytes(spec) >= PROMOTED_MIN_SLICE
 
 
 def accumulator_limit(spec: ConvSpec) -> int:
@@ -281,7 +281,7 @@ def check_tiles(spec: ConvSpec, tiles, device: Device) -> None:
                         "wgmma (its sums and a slice's products both live in registers)")
     if promotes(spec) and not a_by_tma(spec, tiles.block_k):
         raise SpecError("tiles.block_k", tiles.block_k, f"must divide C ({spec.c}) with wgmma 3xtf32, so that A comes "
-                        f"by TMA (its slices are split where they land): {slice_k(spec, tma_slice_bytes(spec))} does")
+                        f"by TMA (the only way the 3xTF32 kernel loads it): {slice_k(spec, tma_slice_bytes(spec))} does")
     k_split(spec, tiles)
     schedule(spec, tiles, device)   # tail_split within the k-slices
     allowed = tuple(slice_k(spec, width) for width in SLICE_CHOICES)
@@ -333,13 +333,12 @@ def table_batch(spec: ConvSpec, tiles) -> int:
 
 
 def shared_bytes(spec: ConvSpec, tiles) -> int:
-    """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B (3xTF32: each twice,
-    its big and small parts), the pixel table (A by cp.async) and the full and empty mbarriers
-    (3xTF32: and those the TMA copies land on)."""
+    """Up to 1 KB to reach the swizzle's 1024-byte period, the stages of A and B (3xTF32: B twice,
+    its big and small parts), the pixel table (A by cp.async) and the full and empty mbarriers."""
     table = 0 if a_by_tma(spec, tiles.block_k) else tiles.block_m * pixel_entry_bytes(spec, tiles)
-    parts, barriers = (2, 3) if promotes(spec) else (1, 2)
-    return (1024 + tiles.stages * parts * (tiles.block_m + tiles.block_n) * slice_bytes(spec, tiles) + table
-            + 8 * barriers * tiles.stages)
+    b_parts = 2 if promotes(spec) else 1
+    return (1024 + tiles.stages * (tiles.block_m + b_parts * tiles.block_n) * slice_bytes(spec, tiles) + table
+            + 16 * tiles.stages)
 
 
 def _tile_count(gemm_m: int, gemm_n: int, block_m: int, block_n: int) -> int:
@@ -412,9 +411,10 @@ def _promoted_fields(spec: ConvSpec, device: Device) -> dict[str, Any]:
     """3xTF32's tiles: 128 rows shared by two consumer warpgroups of 64, up to 128 channels wide
     (``PROMOTED_ACCUMULATORS`` a thread in each set), or where those tiles leave SMs idle, ping-pong's
     64-row tiles; A by TMA in the widest slice that takes it (64-byte slices in clusters of 2, as
-    ``_narrowed``); stages and splits as ``_fitted`` takes them. H100 (TC v9, conv8, c3d_conv2, c3d_conv3,
-    conv4): 128x64 shared, 128x64 and 64x128 ping-pong ran 20-45 % slower than 128x128 shared (conv4,
-    64 channels: 128x64 shared), 64-byte slices 5-7 % slower, clusters of 2 within 1-4 %."""
+    ``_narrowed``); stages and splits as ``_fitted`` takes them. H100, A from registers (TC v11, conv8,
+    c3d_conv2, c3d_conv3, conv4): 128x64 shared ran 16-22 % and 64x128 ping-pong 24-32 % slower than
+    128x128 shared, 3 stages within 1-3 % of 4, clusters of 2 within 1-6 %; on conv4 (64 channels: 128x64
+    shared) 5 and 6 stages within 4 % of 4 and ping-pong 64x64 26-29 % slower."""
     gemm_m, gemm_n, _ = gemm_sizes(index.IndexAlgebra(spec))
     block_n = min(PINGPONG_WIDTH, max(BLOCK_N_CHOICES[0], 1 << (gemm_n - 1).bit_length()))
     fields = {"block_m": 2 * MMA_ROWS, "block_n": block_n, "block_k": slice_k(spec, tma_slice_bytes(spec)),
@@ -797,14 +797,13 @@ class WgmmaContext(ConvolutionContext):
     partial_index_type: str
     """The C type of offsets into the partial tiles (splits x M x N float32 sums)."""
     promote: bool
-    """3xTF32: B's big and small parts come from the split filter, the producer's splitter warps split each
-    landed slice of A into TF32 big and small parts (``splitter_threads``), the consumers issue a_big b_big,
-    a_big b_small and a_small b_big MMAs, and each slice's products are summed from zero and promoted into
-    FP32 sums."""
+    """3xTF32: B's big and small parts come from the split filter, A raw; the consumers load A's fragments into
+    registers and split them there, issue a_big b_big, a_big b_small and a_small b_big MMAs, and each slice's
+    products are summed from zero and promoted into FP32 sums."""
     a_tile_bytes: int
-    """Bytes of one part of a stage's A (block_m rows of a slice): with ``promote`` the small part follows the big."""
+    """Bytes of a stage's A (block_m rows of a slice)."""
     b_tile_bytes: int
-    splitter_threads: int
+    """Bytes of one part of a stage's B (block_n rows of a slice): with ``promote`` the small part follows the big."""
     filter_split_threads: int
     """Threads of a block of the filter's split kernel (3xTF32)."""
     filter_split_index_type: str
@@ -881,7 +880,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         producer_threads=PRODUCER_THREADS, chunks_per_row=width // CHUNK_BYTES,
         rows_per_pass=PRODUCER_THREADS * CHUNK_BYTES // width,
         table_batch=table_batch(spec, tiles),
-        a_stage_bytes=parts * tiles.block_m * width, b_stage_bytes=parts * tiles.block_n * width,
+        a_stage_bytes=tiles.block_m * width, b_stage_bytes=parts * tiles.block_n * width,
         pixel_entry_bytes=pixel_entry_bytes(spec, tiles), shared_bytes=needed, GEMM_M=gemm_m, GEMM_N=gemm_n,
         GEMM_K=gemm_k,
         k_tiles=-(-gemm_k // tiles.block_k), n_tiles=n_tiles, tiles_total=tiles_total, splits=splits,
@@ -899,7 +898,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if max(splits, walk.tail_splits) * gemm_m * gemm_n > index.INT32_MAX else "int",
         promote=promotes(spec), a_tile_bytes=tiles.block_m * width, b_tile_bytes=tiles.block_n * width,
-        splitter_threads=SPLITTER_THREADS, filter_split_threads=FILTER_SPLIT_THREADS,
+        filter_split_threads=FILTER_SPLIT_THREADS,
         filter_split_index_type="long long" if 2 * split_quads > index.INT32_MAX else "int",
     )
     buffers = (Buffer("x", alg.image_shape, "in", CHUNK_BYTES, spec.dtype),
