@@ -276,6 +276,12 @@ ODD_CASES = {  # (spec, tiles as (block_m, block_n, warp_m, stages[, pingpong[, 
                                     (64, 128, 64, 3, True, 1, 2, 128, 4)),
     "3xtf32-heuristic": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=130, input_size=(20, 18), filter_size=3,
                                   padding=1, dtype="float32", math="3xtf32"), None),
+    "3xtf32-two-blocks-a-thread-pingpong": (ConvSpec(dims=2, layout="NHWC", n=2, c=64, k=70, input_size=(19, 21),
+                                                     filter_size=3, padding=1, dtype="float32", math="3xtf32"),
+                                            (128, 64, 128, 3, True)),
+    "3xtf32-two-blocks-a-thread-one-consumer": (ConvSpec(dims=3, layout="NDHWC", n=1, c=32, k=64, input_size=(4, 9, 13),
+                                                         filter_size=3, padding=1, dtype="float32", math="3xtf32"),
+                                                (128, 64, 128, 3, False)),
 }
 
 

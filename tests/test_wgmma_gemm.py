@@ -796,10 +796,11 @@ def test_three_tf32_splits_the_filter_once_and_a_in_registers(name):
 
 def test_three_tf32_takes_wgmma_from_64_output_channels_or_16_input_channels():
     """The heuristic's kernel for channels-last 3xTF32 on the H100: WGMMA where K >= 64 or C takes A in slices of 64
-    bytes or more (C a multiple of 16); mma.sync where both are narrower (C 8: 32-byte slices)."""
+    bytes or more (C a multiple of 16); mma.sync where both are narrower (C 8, 24, 40: 32-byte slices)."""
     base = ConvSpec(dims=2, layout="NHWC", n=4, c=32, k=32, input_size=(20, 20), filter_size=3, dtype="float32",
                     math="3xtf32")
-    expected = {(32, 32): "wgmma", (16, 32): "wgmma", (8, 64): "wgmma", (8, 32): "mma", (64, 12): "wgmma"}
+    expected = {(32, 32): "wgmma", (16, 32): "wgmma", (48, 32): "wgmma", (8, 64): "wgmma", (8, 32): "mma",
+                (24, 32): "mma", (40, 16): "mma", (64, 12): "wgmma"}
     for (c, k), variant in expected.items():
         spec = replace(base, c=c, k=k)
         assert FAMILY.plan(spec, FAMILY.heuristic_tiles(spec, H100), H100).variant == variant, (c, k)
@@ -807,8 +808,9 @@ def test_three_tf32_takes_wgmma_from_64_output_channels_or_16_input_channels():
 
 @pytest.mark.parametrize("name", THREE)
 @pytest.mark.parametrize("shape", [None, (64, 128, 64, 3, True), (128, 64, 64, 4, False, 2), (64, 64, 64, 3, True, 1, 2),
-                                   (64, 128, 64, 3, True, 1, 1, 3)],
-                         ids=["heuristic", "pingpong", "split-k", "cluster", "tail"])
+                                   (64, 128, 64, 3, True, 1, 1, 3), (128, 64, 128, 3, True), (128, 64, 128, 3, False)],
+                         ids=["heuristic", "pingpong", "split-k", "cluster", "tail", "two-blocks-pingpong",
+                              "two-blocks-one-consumer"])
 def test_three_tf32_kernels_compile_without_warnings_or_spills(name, shape, cache_dir):
     spec = THREE[name]
     if shape is None:
@@ -829,7 +831,7 @@ def test_three_tf32_kernels_compile_without_warnings_or_spills(name, shape, cach
 
 def test_three_tf32_refuses_tiles_past_its_accumulators_and_a_by_cp_async():
     """Two accumulator sets a consumer thread (the sums and a slice's products) hold at most 64 each;
-    the splitters split what TMA lands, so block_k must take A by TMA."""
+    A's fragments are loaded from what TMA lands, so block_k must take A by TMA."""
     spec = THREE["conv8"]
     with pytest.raises(SpecError) as error:
         check_tiles(spec, MmaTiles(block_m=128, block_n=256, block_k=32, warp_m=64, warp_n=256, stages=2, wgmma=True),

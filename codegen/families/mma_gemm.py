@@ -31,7 +31,7 @@ decomposed into (channel, tap) once per k-slice and serves all of the thread's p
 With ``wgmma`` the plan is Hopper's kernel instead (``wgmma_gemm``: warpgroup MMAs, sm_90a), for
 channels-last float16, bfloat16 and TF32 with 16-byte channel runs, and channels-last 3xTF32 whose
 input comes by TMA; the heuristic takes it wherever the target is sm_90 and the spec is one of those
-(3xTF32 from 64 output channels or C 16, ``wgmma_gemm.preferred``), and mma.sync everywhere else.
+(3xTF32 from 64 output channels or C a multiple of 16, ``wgmma_gemm.preferred``), and mma.sync everywhere else.
 """
 from __future__ import annotations
 

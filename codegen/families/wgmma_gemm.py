@@ -94,9 +94,10 @@ PROMOTED_ACCUMULATORS = 64
 """3xTF32's accumulators per consumer thread in each of its two sets (a warpgroup's 64x128 or 128x64 tile): the
 unit's sums, and a slice's products (``promote``)."""
 PROMOTED_MIN_CHANNELS = 64
+"""3xTF32 specs with at least these output channels take WGMMA (``preferred``)."""
 PROMOTED_MIN_SLICE = 64
-"""3xTF32 specs with fewer output channels and A's slices narrower than this (bytes: C 8) keep mma.sync
-(``preferred``)."""
+"""... and so do those whose A comes in slices of at least these bytes (C a multiple of 16); the others keep
+mma.sync."""
 FILTER_SPLIT_THREADS = 256
 FILTER_SPLIT_BLOCKS_PER_SM = 8
 """The filter's split kernel: a grid-stride loop, at most this many blocks of ``FILTER_SPLIT_THREADS`` per SM."""
@@ -157,8 +158,8 @@ DEFAULT_STAGES = 4
 def covers(spec: ConvSpec) -> bool:
     """Channels-last float16 or bfloat16 with C and the pitch multiples of 8, or float32 with math
     tf32 or 3xtf32 and multiples of 4, so that every 16-byte copy is channels of one pixel at one
-    tap, and every filter row 16-byte aligned; 3xtf32 where A also comes by TMA (its splitter warps
-    split the slices that TMA lands)."""
+    tap, and every filter row 16-byte aligned; 3xtf32 where A also comes by TMA (the only way its
+    kernel loads A, whose fragments its consumers read from the slices TMA lands)."""
     unit = CHUNK_BYTES // spec.dtype.itemsize
     precision = (spec.dtype in (DType.float16, DType.bfloat16)
                  or (spec.dtype is DType.float32 and spec.math in (MathMode.tf32, MathMode.three_tf32)))
@@ -178,7 +179,7 @@ def preferred(spec: ConvSpec) -> bool:
     """Whether the heuristic takes this kernel for a spec it covers: a 3xTF32 spec where its output channels are at
     least ``PROMOTED_MIN_CHANNELS`` or A's slices at least ``PROMOTED_MIN_SLICE`` bytes wide. H100 against mma.sync's
     3xTF32 (docs/perf-history.md, TC v11): the 35 channels-last layers of 64 output channels or more ran 1.33-7.6x
-    (geometric mean 2.43x); of the six with 12-32, the five with C 16 or more ran 0.99-1.98x, the one with C 8
+    (geometric mean 2.43x); of the six with 12-32, the five with C a multiple of 16 ran 0.99-1.98x, the one with C 8
     (32-byte slices) 0.66x."""
     return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS or tma_slice_bytes(spec) >= PROMOTED_MIN_SLICE
 
@@ -800,8 +801,6 @@ class WgmmaContext(ConvolutionContext):
     """3xTF32: B's big and small parts come from the split filter, A raw; the consumers load A's fragments into
     registers and split them there, issue a_big b_big, a_big b_small and a_small b_big MMAs, and each slice's
     products are summed from zero and promoted into FP32 sums."""
-    a_tile_bytes: int
-    """Bytes of a stage's A (block_m rows of a slice)."""
     b_tile_bytes: int
     """Bytes of one part of a stage's B (block_n rows of a slice): with ``promote`` the small part follows the big."""
     filter_split_threads: int
@@ -897,7 +896,7 @@ def plan(family, spec: ConvSpec, tiles, device: Device | str | None = None) -> K
         partial_store_group=epilogue.group_channels(partial_store_mode),
         reduce_threads=REDUCE_THREADS, reduce_width=reduce_width,
         partial_index_type="long long" if max(splits, walk.tail_splits) * gemm_m * gemm_n > index.INT32_MAX else "int",
-        promote=promotes(spec), a_tile_bytes=tiles.block_m * width, b_tile_bytes=tiles.block_n * width,
+        promote=promotes(spec), b_tile_bytes=tiles.block_n * width,
         filter_split_threads=FILTER_SPLIT_THREADS,
         filter_split_index_type="long long" if 2 * split_quads > index.INT32_MAX else "int",
     )
