@@ -254,6 +254,13 @@ class IndexAlgebra:
         n, c, *i = decompose(self.t, (s.n, s.c, *s.input_size))
         return (n, c, *i)
 
+    def image_coords_in_groups(self, group: int) -> tuple[sympy.Expr, ...]:
+        """(n, c, i0, i1[, i2]) of channels-first element group ``t``: the channels taken ``group`` at a
+        time (the last group short where C is not a multiple), ``c`` the group's first channel."""
+        s = self.spec
+        n, channel_group, *i = decompose(self.t, (s.n, -(-s.c // group), *s.input_size))
+        return (n, channel_group * group, *i)
+
     @cached_property
     def col_offset(self) -> sympy.Expr:
         return self.row * self.cols + self.col

@@ -40,9 +40,9 @@ def test_im2col_dpitch_vectorised(spec, seed, pixels, threads):
 
 
 @GPU
-@given(spec=specs(), seed=st.integers(0, 2**16), threads=st.sampled_from((64, 256)))
-def test_col2im_gather(spec, seed, threads):
-    _assert_matches("col2im", spec, {"algorithm": "gather", "threads": threads}, seed)
+@given(spec=specs(), seed=st.integers(0, 2**16), threads=st.sampled_from((64, 256)), channels=st.sampled_from((1, 2, 4, 8)))
+def test_col2im_gather(spec, seed, threads, channels):
+    _assert_matches("col2im", spec, {"algorithm": "gather", "threads": threads, "channels": channels}, seed)
 
 
 @GPU

@@ -67,10 +67,12 @@ def test_im2col_vector_kernels(spec, seed, pixels, threads):
 
 
 @GPU
-@given(spec=sixteen_bit_specs(max_channels=40), seed=st.integers(0, 2**16), threads=st.sampled_from((64, 256)))
-def test_col2im_gather(spec, seed, threads):
-    """Every gather kernel: channels-first, channels-last, and the tiled one from a pitch of 32."""
-    _assert_right("col2im", spec, {"algorithm": "gather", "threads": threads}, seed)
+@given(spec=sixteen_bit_specs(max_channels=40), seed=st.integers(0, 2**16), threads=st.sampled_from((64, 256)),
+       channels=st.sampled_from((1, 2, 4, 8)))
+def test_col2im_gather(spec, seed, threads, channels):
+    """Every gather kernel: channels-first, channels-last, and the tiled one from a pitch of 32; channel groups of
+    every size, C not always a multiple."""
+    _assert_right("col2im", spec, {"algorithm": "gather", "threads": threads, "channels": channels}, seed)
 
 
 DIRECT_TILES = ({"variant": "basic"}, {"variant": "constant"}, {"variant": "tiled_halo"}, {"variant": "tiled_cache"},

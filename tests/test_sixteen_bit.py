@@ -33,6 +33,7 @@ CASES = {
     "im2col channels_last": ("im2col", {"vectorized": False}),
     "im2col vector": ("im2col", {"vectorized": True}),
     "col2im gather": ("col2im", {"algorithm": "gather"}),
+    "col2im gather channel groups": ("col2im", {"algorithm": "gather", "channels": 4}),
     "direct basic": ("direct", {"variant": "basic"}),
     "direct constant": ("direct", {"variant": "constant"}),
     "direct tiled_halo": ("direct", {"variant": "tiled_halo"}),
@@ -306,3 +307,74 @@ def test_col2im_bound_is_the_sum_model():
     accumulated = 2.0**-23 * 9 * magnitude
     expected = accumulated + 2.0**-11 * (np.abs(image_reference(spec, values)) + accumulated) + 2.0**-25
     np.testing.assert_array_equal(get_family("col2im").error_bound(spec, [col]), expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=specs(layouts=(Layout.NCHW, Layout.NCDHW)), group=st.sampled_from((1, 2, 3, 4, 8)))
+def test_col2im_channel_groups_cover_every_image_element_once(spec, group):
+    """The channels-first gather's groups (``image_coords_in_groups``): thread t's first channel c and the group's
+    channels c + j below C reach every element's offset exactly once."""
+    from codegen import index
+    from codegen.index import IndexAlgebra
+
+    alg = IndexAlgebra(spec)
+    t = np.arange(spec.n * -(-spec.c // group) * int(np.prod(spec.input_size)))
+    names = ["n", "c"] + [f"i{j}" for j in range(spec.dims)]
+    coords = {name: index.evaluate(expr, {"t": t}) for name, expr in zip(names, alg.image_coords_in_groups(group))}
+    assert (coords["c"] % group == 0).all()
+    reached = np.zeros(alg.image_elements, dtype=int)
+    for j in range(group):
+        inside = coords["c"] + j < spec.c
+        offsets = index.evaluate(alg.x_offset, {**coords, "c": coords["c"] + j})
+        np.add.at(reached, offsets[inside], 1)
+    assert (reached == 1).all()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_col2im_channel_groups_step_rows_as_row_of_does(layout):
+    """A group's next channel is one column-matrix row on channels-last, taps rows on channels-first: the step the
+    template adds per channel (cols or taps x cols elements) is row_of's."""
+    from codegen.index import IndexAlgebra, evaluate
+
+    spec = _spec(layout, c=5)
+    alg = IndexAlgebra(spec)
+    kk = np.arange(alg.taps)
+    rows = [evaluate(alg.row_of, {"kk": kk, "c": np.full_like(kk, c)}) for c in (0, 1, 3)]
+    step = 1 if spec.layout.channels_last else alg.taps
+    assert (rows[1] - rows[0] == step).all() and (rows[2] - rows[0] == 3 * step).all()
+
+
+def test_col2im_16_bit_strided_gathers_take_four_channels_a_thread():
+    """The default: four channels a thread where a 16-bit gather has a stride above 1; one at unit stride and in
+    float32 (whose kernels stay as they were)."""
+    family = get_family("col2im")
+    for dtype in SIXTEEN_BIT:
+        assert family.default_tiles(_spec(dtype=dtype, stride=2)).channels == 4
+        assert family.default_tiles(_spec("NHWC", dtype=dtype, stride=(1, 2))).channels == 4
+        assert family.default_tiles(_spec(dtype=dtype)).channels == 1
+    assert family.default_tiles(_spec(dtype="float32", stride=2)).channels == 1
+
+
+def test_col2im_scatter_refuses_channel_groups():
+    with pytest.raises(SpecError, match="tiles.channels"):
+        plan("col2im", _spec(dtype="float32"), {"algorithm": "scatter", "channels": 2})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout, c", [("NCHW", 5), ("NCDHW", 3), ("NHWC", 5), ("NDHWC", 3), ("NHWC", 40)])
+@pytest.mark.parametrize("channels", [2, 8])
+def test_col2im_channel_groups_with_a_short_last_group_compile_clean(layout, c, channels, dtype):
+    """Groups past C (the last one short, channels-last padding lanes written as zeros), and the 32x32 tiles'
+    shared arithmetic from a pitch of 32: the kernels say so and compile without warnings."""
+    spec = _spec(layout, dtype, c=c, stride=2)
+    kernel_plan = plan("col2im", spec, {"algorithm": "gather", "channels": channels})
+    code = render_kernels(kernel_plan).code
+    alg = get_family("col2im").algebra(spec)
+    if kernel_plan.variant == "gather_channels_last_tiled":
+        assert "Channels c, c + 8, c + 16 and c + 24 share the window arithmetic." in code
+        assert f"(idx_t)j * {8 * alg.cols}]" in code or f"(idx_t)j * {8 * alg.cols})" in code
+    else:
+        step = alg.cols if spec.layout.channels_last else alg.taps * alg.cols
+        assert f"float sum[{channels}];" in code and f"c + j < {c}" in code
+        assert f"(idx_t)j * {step}]" in code or f"(idx_t)j * {step})" in code
+    assert compile_plan(kernel_plan, "sm_90").compiled.warnings == []

@@ -17,6 +17,7 @@ the exact sum.  Scatter is refused for them: its atomics would round every parti
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,6 +31,7 @@ from codegen.tiles import TileParam, Tiles, check_block
 
 
 TILED_PITCH = 32
+SIXTEEN_BIT_CHANNELS = 4
 
 
 class Col2imAlgorithm(str, enum.Enum):
@@ -50,12 +52,16 @@ class Col2imVariant(str, enum.Enum):
 class Col2imTiles(Tiles):
     algorithm: str = Col2imAlgorithm.GATHER.value
     threads: int = 256
+    channels: int = 1
 
     PARAMS: ClassVar = (
         TileParam("algorithm", "gather: deterministic, no atomics; scatter: atomicAdd into a zeroed image",
                   choices=tuple(a.value for a in Col2imAlgorithm)),
         TileParam("threads", "threads per block (2D blocks keep a whole warp of pixels)",
                   minimum=32, maximum=1024, multiple_of=32),
+        TileParam("channels", "image channels a gather thread sums, sharing their window arithmetic; from a "
+                  "channels-last pitch of 32 (32x32 tiles, 4 channels a thread, 8 apart) any value above 1 shares "
+                  "it across the 4", choices=(1, 2, 4, 8)),
     )
 
 
@@ -67,6 +73,14 @@ class Col2imContext(IndexContext):
     dtype: DType
     reference_terms: int
     """Column entries the self-test's host reference sums per image element: one per tap."""
+    group: int
+    """Channels a gather thread sums at once (``Col2imTiles.channels``; in the 32x32 tiles 4, 8 apart, or 1)."""
+    group_coords: list[str]
+    """(n, first channel, i...) of channels-first element group t."""
+    groups_total: int
+    """Threads of the channels-first gather: one per (n, channel group, pixel)."""
+    spatial_elements: int
+    """Image elements of one channel plane: channels-first offsets of neighbouring channels differ by it."""
 
 
 def image_reference(spec: ConvSpec, col: np.ndarray) -> np.ndarray:
@@ -104,15 +118,24 @@ class Col2im(Family):
     dtypes = tuple(DType)
 
     def default_tiles(self, spec: ConvSpec, *, device: Device | str | None = None) -> Col2imTiles:
-        return Col2imTiles()
+        """16-bit gathers with a stride above 1 take ``SIXTEEN_BIT_CHANNELS`` channels a thread: their window
+        loops divide per covering window, and a 2-byte element halves the bytes that work is spread over.
+        H100 (docs/perf-history.md, 16-bit memory-bound v2, bfloat16): 1.35-1.56x on the strided conv1-4 in
+        both layouts; at unit stride 0.87-1.11x, so those keep one channel a thread."""
+        strided = any(s > 1 for s in spec.stride)
+        return Col2imTiles(channels=SIXTEEN_BIT_CHANNELS if spec.dtype is not DType.float32 and strided else 1)
 
     def plan(self, spec: ConvSpec, tiles: Col2imTiles, device: Device | str | None = None) -> KernelPlan:
         alg = self.algebra(spec)
+        groups_total = spec.n * -(-spec.c // tiles.channels) * math.prod(spec.input_size)
         if Col2imAlgorithm(tiles.algorithm) is Col2imAlgorithm.SCATTER:
             if spec.dtype is not DType.float32:
                 raise SpecError("tiles.algorithm", tiles.algorithm, f"adds into the image with atomics, which in "
                                 f"{spec.dtype.value} would round every partial sum; gather (the default) sums each "
                                 "element in FP32 and rounds it once")
+            if tiles.channels != 1:
+                raise SpecError("tiles.channels", tiles.channels, "groups the channels of a gather thread; scatter "
+                                "takes one (channel, column) a thread: leave channels at 1")
             variant = Col2imVariant.SCATTER
             block = (tiles.threads, 1, 1)
             grid = (grid_for(spec.c * alg.cols, tiles.threads), 1, 1)
@@ -122,17 +145,21 @@ class Col2im(Family):
             grid = (grid_for(alg.pixels, 32), grid_for(spec.pitch, 32), 1)
         elif spec.layout.channels_last:
             variant = Col2imVariant.GATHER_CHANNELS_LAST
-            channel_threads = min(8, 1 << (spec.pitch - 1).bit_length())
+            lane_groups = -(-spec.pitch // tiles.channels)
+            channel_threads = min(8, 1 << (lane_groups - 1).bit_length())
             block = (max(32, tiles.threads // channel_threads // 32 * 32), channel_threads, 1)
-            grid = (grid_for(alg.pixels, block[0]), grid_for(spec.pitch, channel_threads), 1)
+            grid = (grid_for(alg.pixels, block[0]), grid_for(lane_groups, channel_threads), 1)
         else:
             variant = Col2imVariant.GATHER_CHANNELS_FIRST
             block = (tiles.threads, 1, 1)
-            grid = (grid_for(alg.image_elements, tiles.threads), 1, 1)
+            grid = (grid_for(groups_total, tiles.threads), 1, 1)
         check_block(block[0] * block[1], "tiles.threads", tiles.threads)
         launch = Launch(kernel_name(self.name, variant.value, spec, tiles), grid, block)
+        group = (4 if tiles.channels > 1 else 1) if variant is Col2imVariant.GATHER_CHANNELS_LAST_TILED else tiles.channels
         context = Col2imContext(**index.template_context(alg, launch.threads), variant=variant, kernel=launch.kernel,
-                                block_threads=block[0] * block[1], dtype=spec.dtype, reference_terms=alg.taps)
+                                block_threads=block[0] * block[1], dtype=spec.dtype, reference_terms=alg.taps,
+                                group=group, group_coords=[index.to_c(e) for e in alg.image_coords_in_groups(group)],
+                                groups_total=groups_total, spatial_elements=math.prod(spec.input_size))
         itemsize = spec.dtype.itemsize
         buffers = (Buffer("col", alg.col_shape, "in", itemsize, spec.dtype),
                    Buffer("image", alg.image_shape, "out", itemsize, spec.dtype))
