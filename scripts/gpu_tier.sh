@@ -47,6 +47,8 @@ FUZZ_CASES="im2col
 im2col --tile vectorized=false
 col2im --tile algorithm=gather
 col2im --tile algorithm=scatter
+col2im --tile channels=4
+col2im --dtype bf16 --stride 2
 direct --tile variant=basic
 direct --tile variant=constant
 direct --tile variant=tiled_halo
@@ -63,6 +65,7 @@ implicit_gemm --dtype bf16
 implicit_gemm --dtype fp16
 implicit_gemm --math tf32
 implicit_gemm --math 3xtf32
+implicit_gemm --math 3xtf32 --layout NDHWC --tile wgmma=true
 implicit_gemm --dtype bf16 --layout NHWC --tile wgmma=true --tile pingpong=true
 implicit_gemm --math tf32 --layout NDHWC --tile wgmma=true --tile split_k=3
 implicit_gemm --dtype bf16 --layout NHWC --tile wgmma=true --tile split_k=3
