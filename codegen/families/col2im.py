@@ -8,7 +8,9 @@ The column matrix is the one im2col writes (see codegen/families/im2col.py).  Tw
   coalesce too (``gather_channels_last_tiled``; the ``threads`` tile does not apply to it).
 - ``scatter``: one thread per (channel, column) adds its entries into the image with atomics;
   the launcher zeroes the image first.  Summation order varies from run to run.
-Channels-last padding lanes (c >= C) come out as zeros from both.
+Channels-last padding lanes (c >= C) come out as zeros from both.  A gather thread may sum several
+channels of its pixel (``channels``), walking their windows once: where the stride is above 1 that
+arithmetic, not the bytes, bounds the gather, most of all in 16-bit.
 
 float16 and bfloat16 (``Col2im.dtypes``) run in the gather kernels: each element's entries are
 widened to FP32, summed there and rounded once, so the result is within ``Col2im.error_bound`` of
@@ -121,7 +123,7 @@ class Col2im(Family):
         """16-bit gathers with a stride above 1 take ``SIXTEEN_BIT_CHANNELS`` channels a thread: their window
         loops divide per covering window, and a 2-byte element halves the bytes that work is spread over.
         H100 (docs/perf-history.md, 16-bit memory-bound v2, bfloat16): 1.35-1.56x on the strided conv1-4 in
-        both layouts; at unit stride 0.87-1.11x, so those keep one channel a thread."""
+        both layouts; at unit stride 0.87-1.12x, so those keep one channel a thread."""
         strided = any(s > 1 for s in spec.stride)
         return Col2imTiles(channels=SIXTEEN_BIT_CHANNELS if spec.dtype is not DType.float32 and strided else 1)
 
