@@ -301,9 +301,28 @@ def cmd_fuzz(args) -> int:
     return 1
 
 
+def _check_bench_tiles(args, dtype) -> None:
+    """--tile of a memory-bound benchmark, planned on every layer and layout it will run, so that a tile
+    no layer takes is refused, naming the layer, before any GPU work."""
+    from codegen.api import plan
+    from codegen.bench.layers import layer_spec, load_shapes, select_layers
+    from codegen.spec import replace
+
+    tiles = tiles_from_args(args)
+    for layer in select_layers(load_shapes()["conv2d_mec"], args.layers):
+        for layout in args.layouts or ("NCHW", "NHWC"):
+            try:
+                plan(args.family, replace(layer_spec(layer, layout, 1), dtype=dtype), tiles)
+            except SpecError as error:
+                raise Fail(f"--tile on {layer['name']} {layout}: {error}") from None
+
+
 def cmd_bench(args) -> int:
     from codegen.bench.layers import benchmark_layers, select_layers
 
+    if args.family in ("conv", "direct") and args.tile:
+        raise Fail(f"--tile is taken by 'bench im2col' and 'bench col2im' only; 'bench {args.family}' runs "
+                   "each family with the tiles build() takes (bench conv --tuned adds the tuning database's)")
     if args.family != "conv":
         given = next((flag for flag, value in (("--shapes", args.shapes), ("--families", args.families),
                                                ("--math", args.math != "fma")) if value), None)
@@ -313,6 +332,8 @@ def cmd_bench(args) -> int:
                                                   "families take --dtype)" if given == "--math" else ""))
         dtype = ConvSpec.from_dict({"dims": 2, "layout": "NCHW", "n": 1, "c": 1, "k": 1, "input_size": 1,
                                     "filter_size": 1, "dtype": args.dtype}).dtype     # refuse a bad --dtype now
+        if args.tile:
+            _check_bench_tiles(args, dtype)
         _require_gpu("convgen bench")
     if args.family == "direct":
         from codegen.bench.direct import bench_direct, format_direct_table
@@ -346,8 +367,9 @@ def cmd_bench(args) -> int:
         return 0
     from codegen.bench import memory
 
+    tiles = tiles_from_args(args)
     results = memory.bench_memory_family(args.family, layouts=args.layouts or ("NCHW", "NHWC"), layers=args.layers,
-                                         out_dir=Path(args.out), repeats=args.repeats, dtype=dtype)
+                                         out_dir=Path(args.out), repeats=args.repeats, dtype=dtype, tiles=tiles)
     print(memory.format_table(results))
     return 0
 
@@ -547,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
         "      (your layers, in the form of codegen/shapes.json: {\"layers\": [{\"name\": \"res2a\", \"N\": 32, "
         "\"C\": 64, \"H\": 56,\n       \"W\": 56, \"K\": 64, \"R\": 3, \"S\": 3, \"padding\": 1}]}; "
         "3D layers add D and T; stride, padding\n       and dilation default to 1, 0, 1)\n"
-        "  convgen bench im2col --layouts NCHW NHWC --out bench-out",
+        "  convgen bench im2col --layouts NCHW NHWC --out bench-out\n"
+        "  convgen bench col2im --dtype bf16 --tile channels=4   (col2im-bf16-channels4.json: 4 channels a thread)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_cmd.add_argument("family", choices=("im2col", "col2im", "direct", "conv"),
                            help="conv: implicit_gemm, im2win, im2col_gemm and the best direct kernel against cuDNN, "
@@ -581,6 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "same precision; im2col, col2im and direct, their 16-bit kernels (share of copy bandwidth)")
     bench_cmd.add_argument("--math", default="fma", help="conv, float32: fma (default), tf32 (against cuDNN TF32) or "
                            "3xtf32 (against cuDNN FP32, beside our FMA kernel)")
+    bench_cmd.add_argument("--tile", action="append", default=[], metavar="NAME=VALUE",
+                           help="im2col, col2im: a tile parameter for every layer (repeatable; the rest as build() "
+                           "takes them), e.g. --tile channels=4 for col2im's channel groups; the JSON and PNG "
+                           "names end in the tiles; see 'convgen families'")
     bench_cmd.set_defaults(func=cmd_bench)
 
     tune_cmd = sub.add_parser(

@@ -532,6 +532,32 @@ def test_shapes_and_families_are_refused_where_they_do_not_apply(argv, words, ca
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "col2im", "--tile", "channels=3"], "--tile on conv1 NCHW: tiles.channels=3 is invalid: one of 1, 2, 4, 8"),
+    (["bench", "col2im", "--tile", "algorithm=scatter", "--tile", "channels=2", "--layers", "conv8"],
+     "--tile on conv8 NCHW: tiles.channels=2 is invalid: groups the channels of a gather thread"),
+    (["bench", "im2col", "--tile", "threads"], "--tile='threads' is invalid: must be NAME=VALUE"),
+    (["bench", "conv", "--tile", "block_m=64"], "--tile is taken by 'bench im2col' and 'bench col2im' only"),
+    (["bench", "direct", "--tile", "variant=basic"], "--tile is taken by 'bench im2col' and 'bench col2im' only"),
+])
+def test_bench_tiles_are_checked_on_every_layer_before_any_gpu_work(argv, words, capsys):
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_bench_col2im_takes_the_tiles_to_every_layer(monkeypatch):
+    """--tile reaches the memory benchmark (which builds every layer with those tiles over build()'s)."""
+    from codegen import cli
+    from codegen.bench import memory
+
+    taken = {}
+    monkeypatch.setattr(cli, "_require_gpu", lambda what: None)
+    monkeypatch.setattr(memory, "bench_memory_family", lambda family, **kwargs: taken.update(kwargs, family=family) or [])
+    monkeypatch.setattr(memory, "format_table", lambda results: "")
+    assert main(["bench", "col2im", "--dtype", "bf16", "--tile", "channels=4", "--layers", "conv1"]) == 0
+    assert taken["family"] == "col2im" and taken["tiles"] == {"channels": 4} and taken["layers"] == ["conv1"]
+
+
 def test_bench_conv_families_flag_offers_every_family_the_benchmark_runs():
     """--families offers the families bench conv runs by default, each one the generator's, and the
     command line has the list without loading the benchmarks themselves."""

@@ -89,7 +89,7 @@ def torch_difference(family: str, spec: ConvSpec, kernel, image, col, x_torch, c
 
 
 def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats: int,
-                dtype: DType = DType.float32) -> dict:
+                dtype: DType = DType.float32, tiles: dict | None = None) -> dict:
     import cupy
     import torch
 
@@ -99,7 +99,7 @@ def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats:
     chunk = chunk_batch(replace(layer_spec(layer, layout, 1), dtype=dtype))
     chunks = BATCH // chunk
     spec = replace(layer_spec(layer, layout, chunk), dtype=dtype)
-    kernel = build(family, spec)
+    kernel = build(family, spec, tiles)
     alg = IndexAlgebra(spec)
     full_image_shape = (BATCH, *alg.image_shape[1:])
     generator = torch.Generator("cuda").manual_seed(1)
@@ -128,7 +128,8 @@ def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats:
     same_bytes = copy_bandwidth(nbytes // 2, repeats)
     torch_seconds = median_seconds(_torch_peer(family, spec, x_torch, col_torch, chunk, chunks), repeats)
     result = {
-        "family": family, "variant": kernel.plan.variant, "layer": layer["name"], "layout": layout,
+        "family": family, "variant": kernel.plan.variant, "tiles": kernel.plan.tiles.describe(),
+        "layer": layer["name"], "layout": layout,
         "dtype": spec.dtype.value, "batch": BATCH, "chunk": chunk, "bytes": nbytes, "ms": seconds * 1e3,
         "tbps": nbytes / seconds / 1e12, "copy_tbps": copy_bps / 1e12, "ratio_copy": nbytes / seconds / copy_bps,
         "copy_same_bytes_tbps": same_bytes / 1e12, "ratio_copy_same_bytes": nbytes / seconds / same_bytes,
@@ -142,9 +143,9 @@ def bench_layer(family: str, layer: dict, layout: str, copy_bps: float, repeats:
 
 
 def bench_memory_family(family: str, layouts=("NCHW", "NHWC"), layers=None, out_dir: Path = Path("bench-out"),
-                        repeats: int = 10, dtype: DType | str = DType.float32) -> list[dict]:
-    """Every layer in every layout; the JSON and the plot are named by the family, and by the dtype
-    where it is not float32."""
+                        repeats: int = 10, dtype: DType | str = DType.float32, tiles: dict | None = None) -> list[dict]:
+    """Every layer in every layout, with ``tiles`` over what build() takes; the JSON and the plot are
+    named by the family, by the dtype where it is not float32, and by ``tiles`` where given."""
     dtype = DType(dtype)
     shapes = select_layers(load_shapes()["conv2d_mec"], layers)
     copy_bps = copy_bandwidth()
@@ -155,7 +156,7 @@ def bench_memory_family(family: str, layouts=("NCHW", "NHWC"), layers=None, out_
         for layer in shapes:
             for layout in layouts:
                 with clocked(results, sampler):
-                    results.append(bench_layer(family, layer, layout, copy_bps, repeats, dtype))
+                    results.append(bench_layer(family, layer, layout, copy_bps, repeats, dtype, tiles))
                 r = results[-1]
                 print(f"[{len(results)}/{total}] {family} {r['layer']} {layout}: {r['ms']:.3f} ms, "
                       f"{r['ratio_copy']:.2f} of copy, {r['speedup_vs_torch']:.1f}x torch "
@@ -163,6 +164,7 @@ def bench_memory_family(family: str, layouts=("NCHW", "NHWC"), layers=None, out_
         print(describe(sampler.overall()), file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = family if dtype is DType.float32 else f"{family}-{dtype.short_name}"
+    name += "".join(f"-{key}{value}" for key, value in sorted((tiles or {}).items()))
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     plot(results, out_dir / f"{name}.png")
     return results
