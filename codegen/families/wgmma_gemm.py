@@ -181,7 +181,7 @@ def preferred(spec: ConvSpec) -> bool:
     3xTF32 (docs/perf-history.md, TC v11): the 35 channels-last layers of 64 output channels or more ran 1.33-7.6x
     (geometric mean 2.43x); of the six with 12-32, the five with C a multiple of 16 ran 0.99-1.98x, the one with C 8
     (32-byte slices) 0.66x."""
-    return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS or tma_slice_bytes(spec) >= PROMOTED_MIN_SLICE
+    return not promotes(spec) or spec.k >= PROMOTED_MIN_CHANNELS or (tma_slice_bytes(spec) or 0) >= PROMOTED_MIN_SLICE
 
 
 def accumulator_limit(spec: ConvSpec) -> int:
